@@ -1,0 +1,162 @@
+"""CloudEvents 1.0 mapping of the envelope, shared by every transport.
+
+Attribute names (all strings on the wire)::
+
+    id source type time subject datacontenttype specversion   (core)
+    partitionkey streamid        <- stream
+    tenantid correlationid causationid eventversion schemaversion
+    producerversion sequence     <- outbox sequence
+    labels metadata              <- JSON objects; tags <- JSON array
+
+``binary_headers`` gives the binary-mode attributes under a protocol prefix
+(``ce-`` HTTP/NATS, ``ce_`` Kafka, ``cloudEvents_`` AMQP); ``datacontenttype``
+is left to the protocol's own content-type field. ``to_structured`` gives the
+JSON structured form (``application/cloudevents+json``): JSON data inline as
+``data``, text as a string, anything else as ``data_base64``. The ``from_*``
+functions are exact inverses, so readers rebuild the original :class:`Event`.
+
+:raises EventError: when decoding something that is not a CloudEvent.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from outrelay.core.envelope import Event, is_json_content_type
+from outrelay.core.errors import EventError
+
+__all__ = [
+    "STRUCTURED_CONTENT_TYPE",
+    "attributes",
+    "binary_headers",
+    "from_attributes",
+    "from_binary",
+    "from_structured",
+    "to_structured",
+]
+
+STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
+
+_SIMPLE = {
+    "tenant": "tenantid",
+    "correlation_id": "correlationid",
+    "causation_id": "causationid",
+    "event_version": "eventversion",
+    "schema_version": "schemaversion",
+    "producer_version": "producerversion",
+    "subject": "subject",
+}
+
+
+def attributes(event: Event) -> dict[str, str]:
+    """The CloudEvents context attributes of ``event`` (no data), as strings."""
+    out = {
+        "specversion": "1.0",
+        "id": event.id,
+        "source": event.source,
+        "type": event.type,
+        "time": event.time.isoformat().replace("+00:00", "Z"),
+        "partitionkey": event.stream,
+        "streamid": event.stream,
+    }
+    if event.content_type:
+        out["datacontenttype"] = event.content_type
+    for field, name in _SIMPLE.items():
+        value = getattr(event, field)
+        if value is not None:
+            out[name] = value
+    if event.sequence is not None:
+        out["sequence"] = str(event.sequence)
+    if event.labels:
+        out["labels"] = orjson.dumps(dict(event.labels)).decode()
+    if event.tags:
+        out["tags"] = orjson.dumps(list(event.tags)).decode()
+    if event.metadata:
+        out["metadata"] = orjson.dumps(dict(event.metadata)).decode()
+    return out
+
+
+def from_attributes(attrs: Mapping[str, str], data: bytes) -> Event:
+    """Rebuild an :class:`Event` from context attributes and the raw data."""
+    try:
+        fields: dict[str, Any] = {
+            "id": attrs["id"],
+            "source": attrs["source"],
+            "type": attrs["type"],
+            "stream": attrs.get("streamid") or attrs["partitionkey"],
+            "content_type": attrs.get("datacontenttype"),
+        }
+    except KeyError as exc:
+        raise EventError(f"not a CloudEvent: attribute {exc.args[0]!r} is missing") from exc
+    from datetime import datetime
+
+    if "time" in attrs:
+        fields["time"] = datetime.fromisoformat(attrs["time"].replace("Z", "+00:00"))
+    for field, name in _SIMPLE.items():
+        if name in attrs:
+            fields[field] = attrs[name]
+    for name in ("labels", "metadata"):
+        if name in attrs:
+            fields[name] = orjson.loads(attrs[name])
+    if "tags" in attrs:
+        fields["tags"] = tuple(orjson.loads(attrs["tags"]))
+    sequence = int(attrs["sequence"]) if "sequence" in attrs else None
+    return Event(**fields, data=bytes(data), sequence=sequence)
+
+
+def binary_headers(event: Event, prefix: str = "ce-") -> dict[str, str]:
+    """Binary-mode headers: every attribute but ``datacontenttype``, prefixed."""
+    return {prefix + k: v for k, v in attributes(event).items() if k != "datacontenttype"}
+
+
+def from_binary(
+    headers: Mapping[str, str], data: bytes, *, content_type: str | None, prefix: str = "ce-"
+) -> Event:
+    """Inverse of :func:`binary_headers`; header names match case-insensitively."""
+    plen = len(prefix)
+    low = prefix.lower()
+    attrs = {k[plen:].lower(): v for k, v in headers.items() if k.lower().startswith(low)}
+    if content_type:
+        attrs["datacontenttype"] = content_type
+    return from_attributes(attrs, data)
+
+
+def to_structured(event: Event) -> bytes:
+    """The JSON structured form of ``event``, encoded once."""
+    body: dict[str, Any] = dict(attributes(event))
+    ctype = event.content_type
+    if event.data:
+        if is_json_content_type(ctype):
+            body["data"] = orjson.Fragment(event.data)
+        elif ctype and ctype.lower().startswith("text/"):
+            try:
+                body["data"] = event.data.decode("utf-8")
+            except UnicodeDecodeError:
+                body["data_base64"] = base64.b64encode(event.data).decode()
+        else:
+            body["data_base64"] = base64.b64encode(event.data).decode()
+    return orjson.dumps(body)
+
+
+def from_structured(body: bytes | str) -> Event:
+    """Inverse of :func:`to_structured`."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise EventError(f"not a structured CloudEvent: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise EventError("not a structured CloudEvent: the body is not a JSON object")
+    data: bytes = b""
+    if "data_base64" in doc:
+        data = base64.b64decode(doc.pop("data_base64"))
+    elif "data" in doc:
+        value = doc.pop("data")
+        if is_json_content_type(doc.get("datacontenttype")) or not isinstance(value, str):
+            data = orjson.dumps(value)
+        else:
+            data = value.encode("utf-8")
+    return from_attributes({k: v for k, v in doc.items() if isinstance(v, str)}, data)

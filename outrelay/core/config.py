@@ -1,0 +1,222 @@
+"""The configuration file: one TOML document, validated, frozen.
+
+::
+
+    [outbox]
+    url = "sqlite:///outbox.db"
+
+    [relay]                      # all optional
+    poll_interval = 0.5
+
+    [destinations.hooks]
+    transport = "webhook"
+    url = "https://example.com/hook"
+    secret = "${HOOK_SECRET}"    # ${VAR} or ${VAR:-default}
+    batch_size = 100             # common options, see DestinationConfig
+    [destinations.hooks.retry]
+    max_attempts = 12
+
+    [[routes]]
+    types = ["workflow.*"]       # globs; default: all
+    destinations = ["hooks"]
+    on_exhausted = "dead-letter" # or "park"
+
+Every error is a :class:`~outrelay.ConfigError` naming the file and key.
+Transport options are validated by the transport's own model when the
+destination is built (:meth:`Registry.create_transport`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from outrelay.core.errors import ConfigError
+
+__all__ = [
+    "DestinationConfig",
+    "OutboxConfig",
+    "OutrelayConfig",
+    "RelayConfig",
+    "RetryPolicy",
+    "RouteConfig",
+    "default_config_path",
+    "interpolate",
+    "load_config",
+    "parse_config",
+]
+
+_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RetryPolicy(_Frozen):
+    """Exponential backoff with full jitter, per destination.
+
+    The n-th retry waits ``min(max_delay, initial_delay * multiplier**(n-1))``
+    scaled by a random factor in ``[1 - jitter, 1]``; a broker's Retry-After
+    hint raises the wait (capped at ``max_retry_after``). After
+    ``max_attempts`` attempts the route's ``on_exhausted`` policy applies.
+    """
+
+    max_attempts: int = Field(10, ge=1, le=10_000)
+    initial_delay: float = Field(0.5, gt=0, le=3600)
+    max_delay: float = Field(300.0, gt=0, le=86_400)
+    multiplier: float = Field(2.0, ge=1.0, le=10.0)
+    jitter: float = Field(0.5, ge=0.0, le=1.0)
+    max_retry_after: float = Field(3600.0, ge=0, le=86_400)
+
+
+class DestinationConfig(BaseModel):
+    """A destination: a transport plus its options.
+
+    Common options are fields here; every other key is the transport's own
+    and is kept in :attr:`options` for its config model.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    transport: str
+    enabled: bool = True
+    batch_size: int = Field(100, ge=1, le=10_000)
+    max_in_flight: int = Field(4, ge=1, le=256, description="batches sent concurrently")
+    per_stream: int = Field(
+        16, ge=1, le=10_000, description="events of one stream per batch (if the transport orders batches)"
+    )
+    retry: RetryPolicy = RetryPolicy()
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class RouteConfig(_Frozen):
+    """Which events go where. Empty filters match everything."""
+
+    types: tuple[str, ...] = ("*",)
+    tenants: tuple[str, ...] = ()
+    streams: tuple[str, ...] = ()
+    labels: dict[str, str] = Field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    destinations: tuple[str, ...]
+    on_exhausted: Literal["dead-letter", "park"] = "dead-letter"
+
+    @field_validator("destinations")
+    @classmethod
+    def _non_empty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("a route needs at least one destination")
+        return v
+
+
+class OutboxConfig(_Frozen):
+    url: str = "sqlite:///outbox.db"
+    retention_days: float | None = Field(
+        None, ge=0, description="delete delivered events older than this; None keeps all (replay reads history)"
+    )
+
+
+class RelayConfig(_Frozen):
+    poll_interval: float = Field(0.5, gt=0, le=60)
+    route_batch: int = Field(1000, ge=1, le=100_000)
+    lease_seconds: float = Field(60.0, ge=1, le=3600)
+    shutdown_grace: float = Field(10.0, ge=0, le=600)
+    drain_retry_bound: float = Field(
+        30.0, ge=0, le=3600, description="--drain waits for retries due within this many seconds"
+    )
+
+
+class OutrelayConfig(_Frozen):
+    outbox: OutboxConfig = OutboxConfig()
+    relay: RelayConfig = RelayConfig()
+    destinations: dict[str, DestinationConfig] = Field(default_factory=dict)
+    routes: tuple[RouteConfig, ...] = ()
+    source: str | None = Field(None, description="default event source for `outrelay emit`")
+
+    @model_validator(mode="after")
+    def _check_names(self) -> OutrelayConfig:
+        for name in self.destinations:
+            if not _NAME_RE.match(name):
+                raise ValueError(f"destination name {name!r} must be 1-64 letters, digits, '_', '-' or '.'")
+        for i, route in enumerate(self.routes):
+            for dest in route.destinations:
+                if dest not in self.destinations:
+                    known = ", ".join(sorted(self.destinations)) or "none"
+                    raise ValueError(f"routes[{i}] names destination {dest!r}, which is not defined (defined: {known})")
+        return self
+
+
+def interpolate(value: Any, where: str = "") -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string, recursively.
+
+    :raises ConfigError: naming the key when a variable is unset and has no default.
+    """
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise ConfigError(
+                f"environment variable {name} is not set; export it or write ${{{name}:-default}}", where=where
+            )
+
+        return _ENV_RE.sub(sub, value)
+    if isinstance(value, Mapping):
+        return {k: interpolate(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def default_config_path() -> Path:
+    return Path(os.environ.get("OUTRELAY_CONFIG") or "outrelay.toml")
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> OutrelayConfig:
+    """Read, interpolate and validate a config file.
+
+    :raises ConfigError: missing file, TOML syntax error (with line), unset
+        variable, or invalid value — one line naming file and key.
+    """
+    p = Path(path) if path is not None else default_config_path()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            "config file not found; pass --config FILE, set OUTRELAY_CONFIG, or run `outrelay demo` for an example",
+            where=str(p),
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file: {exc.strerror}", where=str(p)) from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}", where=str(p)) from None
+    return parse_config(raw, where=str(p))
+
+
+def parse_config(raw: Mapping[str, Any], *, where: str = "<config>") -> OutrelayConfig:
+    """Validate an already-parsed mapping (see :func:`load_config`)."""
+    from outrelay.core.registry import format_validation_error
+
+    try:
+        data = interpolate(raw)
+    except ConfigError as exc:
+        raise ConfigError(str(exc), where=where) from None
+    try:
+        return OutrelayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc), where=where) from None

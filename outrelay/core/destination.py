@@ -1,0 +1,254 @@
+"""One destination's delivery loop inside the relay.
+
+Claims due lanes, sends batches through the transport with at most
+``max_in_flight`` batches outstanding, and settles every message: delivered,
+retry at T (backoff with jitter, Retry-After honoured), dead-letter or park
+on exhaustion/rejection. A whole batch failing retryably pauses the
+destination (circuit breaking) instead of hammering a broker that is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from outrelay.core.config import DestinationConfig
+from outrelay.core.errors import PermanentError, RetryableError, UsageError
+from outrelay.core.retry import backoff_delay
+from outrelay.core.stores.base import Claimed, Settlement
+from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult, Transport
+
+if TYPE_CHECKING:
+    from outrelay.core.relay import Relay
+
+__all__ = ["DestinationWorker"]
+
+log = logging.getLogger("outrelay.relay")
+
+
+class DestinationWorker:
+    """Delivery loop of one destination (see module docstring)."""
+
+    def __init__(self, relay: Relay, name: str, transport: Transport, config: DestinationConfig) -> None:
+        self.relay = relay
+        self.name = name
+        self.transport = transport
+        self.config = config
+        caps = transport.capabilities
+        self.batch_size = min(config.batch_size, caps.max_batch_count)
+        self.per_lane = config.per_stream if caps.ordered_batches else 1
+        self.wake = asyncio.Event()
+        self.inflight: set[asyncio.Task[None]] = set()
+        self.slots = asyncio.Semaphore(config.max_in_flight)
+        self.opened = False
+        self.failing_since: float | None = None
+        self.blocked_until = 0.0
+        self.disabled: str | None = None
+        self.counts = {"delivered": 0, "duplicates": 0, "retried": 0, "dead_lettered": 0, "parked": 0, "batches": 0}
+        self.last_error: str | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self._open()
+        relay = self.relay
+        checked = 0.0
+        while not relay.stopping:
+            if time.monotonic() - checked >= relay.config.relay.poll_interval:
+                self.disabled = await relay.db(relay.store.disabled, self.name)
+                checked = time.monotonic()
+            if self.disabled is not None or not self.config.enabled:
+                await self._sleep(relay.config.relay.poll_interval)
+                continue
+            now = time.time()
+            if now < self.blocked_until:
+                await self._sleep(self.blocked_until - now)
+                continue
+            await self.slots.acquire()
+            if relay.stopping:
+                self.slots.release()
+                break
+            try:
+                claimed = await relay.db(
+                    relay.store.claim,
+                    self.name,
+                    limit=self.batch_size,
+                    per_lane=self.per_lane,
+                    owner=relay.owner,
+                    lease_seconds=relay.config.relay.lease_seconds,
+                    now=time.time(),
+                )
+            except Exception:
+                self.slots.release()
+                raise
+            if not claimed:
+                self.slots.release()
+                await self._wait_for_work()
+                continue
+            task = asyncio.create_task(self._process(claimed))
+            self.inflight.add(task)
+            task.add_done_callback(self.inflight.discard)
+
+    async def _open(self) -> None:
+        delay = 0.2
+        while not self.relay.stopping:
+            try:
+                await self.transport.open()
+                self.opened = True
+                self.blocked_until = 0.0
+                self.failing_since = None
+                return
+            except Exception as exc:  # the broker may be down: keep trying
+                msg = _describe(exc)
+                if self.failing_since is None:
+                    self.failing_since = time.time()
+                self.last_error = f"open failed: {msg}"
+                log.warning("destination %s: cannot open transport: %s (retrying in %.1fs)", self.name, msg, delay)
+                await self.relay.db(self.relay.store.record_error, self.name, self.last_error, time.time())
+                self.blocked_until = time.time() + delay
+                await self._sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def _sleep(self, seconds: float) -> None:
+        self.wake.clear()
+        try:
+            await asyncio.wait_for(self.wake.wait(), timeout=max(0.0, seconds))
+        except TimeoutError:
+            pass
+
+    async def _wait_for_work(self) -> None:
+        next_due = await self.relay.db(self.relay.store.next_due, self.name)
+        poll = self.relay.config.relay.poll_interval
+        timeout = poll if next_due is None else min(poll, max(0.001, next_due - time.time()))
+        await self._sleep(timeout)
+
+    async def drain_inflight(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds for in-flight batches, then cancel them
+        (their lanes stay leased and are released with the relay)."""
+        if self.inflight:
+            _, pending = await asyncio.wait(set(self.inflight), timeout=grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+
+    def idle_until(self, now: float, next_due: float | None) -> float:
+        """When this destination will next have something to do (inf: never)."""
+        if self.inflight:
+            return now
+        if self.disabled is not None or not self.config.enabled:
+            return float("inf")
+        if next_due is None:
+            return float("inf")
+        return max(next_due, self.blocked_until)
+
+    # -- one batch ---------------------------------------------------------------
+
+    async def _process(self, claimed: Sequence[Claimed]) -> None:
+        try:
+            transport = self.transport
+            messages = [
+                Message(c.event, transport.target(c.event), c.event.stream, c.attempts + 1) for c in claimed
+            ]
+            started = time.monotonic()
+            results = await self._send(messages)
+            elapsed = time.monotonic() - started
+            now = time.time()
+            settlements, disable = self._plan(claimed, results, now)
+            await self.relay.db(self.relay.store.settle, self.name, self.relay.owner, settlements, now)
+            failures = [r for r in results if not isinstance(r, Delivered)]
+            if failures:
+                first = failures[0]
+                self.last_error = first.error if isinstance(first, RetryLater) else getattr(first, "reason", "")
+                await self.relay.db(self.relay.store.record_error, self.name, self.last_error, now)
+                if len(failures) == len(results) and all(isinstance(r, RetryLater) for r in failures):
+                    pause = min(s.due_at for s in settlements if s.kind == "retry") if any(
+                        s.kind == "retry" for s in settlements
+                    ) else now
+                    self.blocked_until = max(self.blocked_until, pause)
+            if disable is not None:
+                log.error("destination %s disabled: %s; re-enable with `outrelay enable %s`", self.name, disable, self.name)
+                await self.relay.db(self.relay.store.set_disabled, self.name, disable, now)
+                self.disabled = disable
+            self.counts["batches"] += 1
+            self.relay.hook.outrelay_batch_settled(
+                destination=self.name, messages=messages, results=results, elapsed=elapsed
+            )
+            if log.isEnabledFor(logging.DEBUG):
+                for m, r in zip(messages, results, strict=True):
+                    log.debug(
+                        "published %s", type(r).__name__,
+                        extra={"event_id": m.event.id, "stream": m.event.stream, "tenant": m.event.tenant,
+                               "event_type": m.event.type, "producer": m.event.source, "destination": self.name},
+                    )
+        finally:
+            self.slots.release()
+            self.wake.set()
+
+    async def _send(self, messages: list[Message]) -> Sequence[SendResult]:
+        n = len(messages)
+        try:
+            results = await self.transport.send(messages)
+        except RetryableError as exc:
+            return [RetryLater(str(exc), exc.retry_after)] * n
+        except PermanentError as exc:
+            return [Rejected(str(exc))] * n
+        except UsageError as exc:
+            return [RetryLater(f"transport not usable: {exc}")] * n
+        except Exception as exc:  # a transport bug must not lose events
+            log.exception("destination %s: transport raised %s (a transport bug)", self.name, type(exc).__name__)
+            return [RetryLater(f"unexpected {type(exc).__name__} from transport {self.transport.name!r}")] * n
+        if len(results) != n:
+            log.error("destination %s: transport returned %d results for %d messages", self.name, len(results), n)
+            return [RetryLater("transport returned a wrong number of results")] * n
+        return results
+
+    def _plan(
+        self, claimed: Sequence[Claimed], results: Sequence[SendResult], now: float
+    ) -> tuple[list[Settlement], str | None]:
+        policy = self.config.retry
+        failed: set[str] = set()
+        out: list[Settlement] = []
+        disable: str | None = None
+        for c, r in zip(claimed, results, strict=True):
+            stream = c.event.stream
+            if isinstance(r, Delivered):
+                out.append(Settlement(c.delivery_id, stream, "delivered"))
+                self.counts["delivered"] += 1
+                self.counts["duplicates"] += int(r.duplicate)
+                continue
+            if stream in failed:
+                out.append(Settlement(c.delivery_id, stream, "hold"))
+                continue
+            failed.add(stream)
+            attempts = c.attempts + 1
+            if isinstance(r, Rejected) and r.disable_destination:
+                disable = r.reason
+                out.append(Settlement(c.delivery_id, stream, "hold"))
+                continue
+            if isinstance(r, RetryLater) and attempts < policy.max_attempts:
+                due = now + backoff_delay(policy, attempts, r.retry_after)
+                out.append(Settlement(c.delivery_id, stream, "retry", attempts, due, r.error))
+                self.counts["retried"] += 1
+                continue
+            if isinstance(r, RetryLater):
+                reason = f"retries exhausted after {attempts} attempts: {r.error}"
+            else:
+                reason = f"rejected: {r.reason}" if isinstance(r, Rejected) else repr(r)
+            kind = "park" if self.relay.router.parks(c.event, self.name) else "dead"
+            self.counts["parked" if kind == "park" else "dead_lettered"] += 1
+            log.warning(
+                "destination %s: event %s (stream %s) %s: %s",
+                self.name, c.event.id, stream, "parked" if kind == "park" else "dead-lettered", reason,
+            )
+            out.append(Settlement(c.delivery_id, stream, kind, attempts, now, reason))
+        return out, disable
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, RetryableError | PermanentError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

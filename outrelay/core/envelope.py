@@ -1,0 +1,180 @@
+"""The event envelope: immutable, validated at construction.
+
+An :class:`Event` carries the DESIGN.md envelope. ``data`` is always stored as
+bytes: a ``bytes``-like value is kept verbatim, a ``str`` is UTF-8 encoded, and
+any other value is encoded once as JSON (orjson). The content type defaults
+accordingly (``application/octet-stream``, ``text/plain; charset=utf-8``,
+``application/json``). Invalid values raise :class:`~outrelay.EventError`.
+
+``sequence`` is assigned by the outbox on append and is ``None`` before that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any
+
+import orjson
+
+from outrelay.core.errors import EventError
+from outrelay.core.ids import is_valid_id, uuid7
+
+__all__ = ["JSON_CONTENT_TYPES", "Event", "is_json_content_type"]
+
+JSON_CONTENT_TYPES = ("application/json", "text/json")
+_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,254}$")
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+def is_json_content_type(content_type: str | None) -> bool:
+    """True for ``application/json``, ``text/json`` and ``*+json`` types."""
+    if not content_type:
+        return False
+    base = content_type.split(";", 1)[0].strip().lower()
+    return base in JSON_CONTENT_TYPES or base.endswith("+json")
+
+
+def _str_map(name: str, value: Mapping[str, Any] | None) -> Mapping[str, str]:
+    if not value:
+        return _EMPTY
+    if not isinstance(value, Mapping):
+        raise EventError(f"event {name} must be a mapping of strings, got {type(value).__name__}")
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not k:
+            raise EventError(f"event {name} keys must be non-empty strings, got {k!r}")
+        if not isinstance(v, str):
+            raise EventError(f"event {name}[{k!r}] must be a string, got {type(v).__name__}")
+        out[k] = v
+    return MappingProxyType(out)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """One immutable event. See the module docstring for ``data`` encoding.
+
+    :raises EventError: empty or malformed ``type``/``stream``, a bad ``id``,
+        a naive ``time``, or ``data`` that cannot be encoded as JSON.
+    """
+
+    type: str
+    stream: str
+    data: Any = None
+    id: str = dataclasses.field(default_factory=uuid7)
+    source: str = "outrelay"
+    time: datetime = dataclasses.field(default_factory=lambda: datetime.now(UTC))
+    tenant: str | None = None
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    event_version: str = "1"
+    schema_version: str | None = None
+    producer_version: str | None = None
+    subject: str | None = None
+    labels: Mapping[str, str] = dataclasses.field(default_factory=lambda: _EMPTY)
+    tags: tuple[str, ...] = ()
+    content_type: str | None = None
+    metadata: Mapping[str, str] = dataclasses.field(default_factory=lambda: _EMPTY)
+    sequence: int | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if not isinstance(self.type, str) or not _TYPE_RE.match(self.type):
+            raise EventError(
+                f"event type {self.type!r} is invalid: use 1-255 characters of letters, digits and ._:/-"
+            )
+        if not isinstance(self.stream, str) or not self.stream or len(self.stream) > 512:
+            raise EventError(f"event stream {self.stream!r} is invalid: give a non-empty string of at most 512 characters")
+        if not isinstance(self.id, str) or not is_valid_id(self.id):
+            raise EventError(f"event id {self.id!r} is invalid: give 1-200 printable ASCII characters without spaces")
+        if not isinstance(self.source, str) or not self.source:
+            raise EventError("event source must be a non-empty URI-reference string")
+        if not isinstance(self.time, datetime) or self.time.tzinfo is None:
+            raise EventError("event time must be a timezone-aware datetime")
+        set_(self, "time", self.time.astimezone(UTC))
+        if isinstance(self.event_version, int):
+            set_(self, "event_version", str(self.event_version))
+        for name in ("tenant", "correlation_id", "causation_id", "schema_version", "producer_version", "subject"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise EventError(f"event {name} must be a non-empty string or None, got {value!r}")
+        set_(self, "labels", _str_map("labels", self.labels))
+        set_(self, "metadata", _str_map("metadata", self.metadata))
+        tags = self.tags
+        if isinstance(tags, str) or not isinstance(tags, Iterable):
+            raise EventError("event tags must be a sequence of strings")
+        tags = tuple(tags)
+        if not all(isinstance(t, str) and t for t in tags):
+            raise EventError("event tags must be non-empty strings")
+        set_(self, "tags", tags)
+        data, ctype = _encode_data(self.data, self.content_type)
+        set_(self, "data", data)
+        set_(self, "content_type", ctype)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.sequence))
+
+    # -- derived views --------------------------------------------------
+
+    def json(self) -> Any:
+        """Decode ``data`` as JSON. :raises EventError: if it is not JSON."""
+        try:
+            return orjson.loads(self.data) if self.data else None
+        except orjson.JSONDecodeError as exc:
+            raise EventError(f"event {self.id} data is not JSON ({self.content_type})") from exc
+
+    def replace(self, **changes: Any) -> Event:
+        """Return a copy with ``changes`` applied (events are immutable)."""
+        return dataclasses.replace(self, **changes)
+
+    def attributes(self) -> dict[str, Any]:
+        """Every field but ``data``, as JSON-ready values (used by the stores)."""
+        return {
+            "id": self.id,
+            "type": self.type,
+            "stream": self.stream,
+            "source": self.source,
+            "time": self.time.isoformat().replace("+00:00", "Z"),
+            "tenant": self.tenant,
+            "correlation_id": self.correlation_id,
+            "causation_id": self.causation_id,
+            "event_version": self.event_version,
+            "schema_version": self.schema_version,
+            "producer_version": self.producer_version,
+            "subject": self.subject,
+            "labels": dict(self.labels),
+            "tags": list(self.tags),
+            "content_type": self.content_type,
+            "metadata": dict(self.metadata),
+        }
+
+    @classmethod
+    def from_attributes(cls, attrs: Mapping[str, Any], data: bytes, sequence: int | None = None) -> Event:
+        """Inverse of :meth:`attributes`; ``data`` is taken verbatim."""
+        fields = dict(attrs)
+        fields["time"] = datetime.fromisoformat(str(fields["time"]).replace("Z", "+00:00"))
+        fields["tags"] = tuple(fields.get("tags") or ())
+        return cls(**fields, data=bytes(data), sequence=sequence)
+
+    def __repr__(self) -> str:
+        return (
+            f"Event(id={self.id!r}, type={self.type!r}, stream={self.stream!r}, "
+            f"tenant={self.tenant!r}, sequence={self.sequence!r}, data=<{len(self.data)} bytes>)"
+        )
+
+
+def _encode_data(data: Any, content_type: str | None) -> tuple[bytes, str | None]:
+    if isinstance(data, bytes | bytearray | memoryview):
+        raw = bytes(data)
+        return raw, content_type or ("application/octet-stream" if raw else None)
+    if isinstance(data, str) and not is_json_content_type(content_type):
+        return data.encode("utf-8"), content_type or "text/plain; charset=utf-8"
+    if data is None and content_type is None:
+        return b"", None
+    try:
+        return orjson.dumps(data), content_type or "application/json"
+    except TypeError as exc:
+        raise EventError(f"event data is not JSON-serialisable: {exc}; pass bytes or JSON values") from exc

@@ -1,0 +1,78 @@
+"""outrelay's pluggy hook specifications.
+
+Hooks are for discovery and lifecycle, never the per-message hot path.
+Implement them in a module or object decorated with ``outrelay.hookimpl`` and
+expose it through the ``outrelay`` entry-point group::
+
+    [project.entry-points.outrelay]
+    mytransport = "my_package.outrelay_plugin"
+
+Always call hooks with keyword arguments. Hooks evolve only by adding
+arguments; an implementation may accept any subset of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from outrelay.core.registry import Registry
+    from outrelay.core.transport import Message, SendResult
+
+__all__ = ["hookimpl", "hookspec"]
+
+hookspec = pluggy.HookspecMarker("outrelay")
+hookimpl = pluggy.HookimplMarker("outrelay")
+
+
+# -------------------------------------------------------------------------
+# discovery
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def outrelay_add_transports(registry: Registry) -> None:
+    """Register transports with ``registry.add_transport(name, cls_or_path, ...)``.
+
+    Register by import path (``"pkg.mod:Class"``) with ``requires=`` naming
+    the client modules, so a missing client library only fails when the
+    transport is configured, with the install hint from ``extra=``.
+    """
+
+
+@hookspec
+def outrelay_add_stores(registry: Registry) -> None:
+    """Register outbox stores by URL scheme with ``registry.add_store(scheme, ...)``."""
+
+
+# -------------------------------------------------------------------------
+# relay lifecycle and outcomes
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def outrelay_relay_started(relay: Any) -> None:
+    """The relay opened its store and transports and starts working."""
+
+
+@hookspec
+def outrelay_relay_stopped(relay: Any) -> None:
+    """The relay stopped; every in-flight batch was settled or released."""
+
+
+@hookspec
+def outrelay_batch_settled(
+    destination: str,
+    messages: Sequence[Message],
+    results: Sequence[SendResult],
+    elapsed: float,
+) -> None:
+    """A batch was sent and its outcomes written to the outbox.
+
+    Called once per batch (not per message) after settlement; ``elapsed`` is
+    the send time in seconds. Must not block: metrics and tracing plugins
+    record here.
+    """

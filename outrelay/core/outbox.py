@@ -1,0 +1,107 @@
+"""The application-facing outbox: ``Outbox.open(url)`` and ``append``.
+
+``append`` writes only to the database (invariant 1). Given ``conn``, it
+runs inside the caller's open transaction and the caller commits; without
+it, it commits a transaction of its own. Relays in the same process are
+woken at once; others poll (or, on PostgreSQL, LISTEN).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from outrelay.core.envelope import Event
+from outrelay.core.errors import ConfigError, EventError
+from outrelay.core.stores.base import Store
+
+__all__ = ["Outbox", "open_store"]
+
+
+def open_store(url: str, **options: Any) -> Store:
+    """Open the store for ``url`` by its scheme (plugins may add schemes).
+
+    :raises ConfigError: unknown scheme. :raises StoreError: cannot open.
+    """
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme == "sqlite":
+        from outrelay.core.stores.sqlite import SQLiteStore
+
+        return SQLiteStore(url, **options)
+    from outrelay.core.registry import Registry
+
+    target = Registry().stores.get(scheme)
+    if target is None:
+        raise ConfigError(f"outbox url {url.split('@')[-1]!r}: unknown scheme {scheme!r}; use sqlite:///FILE or postgresql://...")
+    mod_name, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(mod_name), attr)
+    except ImportError as exc:
+        raise ConfigError(f"the {scheme} outbox needs an extra that is not installed ({exc.name}): pip install \"outrelay[postgres]\"") from None
+    store: Store = cls(url, **options)
+    return store
+
+
+class Outbox:
+    """An outbox database. Thread-safe; use one per process and database."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._listeners: list[Callable[[bool], None]] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, url: str, **options: Any) -> Outbox:
+        """Open (creating or migrating the schema) ``sqlite:///FILE`` or ``postgresql://...``."""
+        return cls(open_store(url, **options))
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    def append(self, events: Event | Iterable[Event], conn: Any = None) -> list[str]:
+        """Append one event or several, atomically; returns their ids.
+
+        :raises EventError: not an Event, or an id already in the outbox.
+        :raises StoreError: the database failed (nothing was appended).
+        """
+        batch = [events] if isinstance(events, Event) else list(events)
+        for e in batch:
+            if not isinstance(e, Event):
+                raise EventError(f"append() takes outrelay.Event objects, got {type(e).__name__}")
+        if not batch:
+            return []
+        stored = self.store.append(batch, conn)
+        self._notify(conn is not None)
+        return [e.id for e in stored]
+
+    def add_listener(self, callback: Callable[[bool], None]) -> Callable[[], None]:
+        """Call ``callback(in_caller_txn)`` after each append; returns an unsubscribe."""
+        with self._lock:
+            self._listeners.append(callback)
+
+        def remove() -> None:
+            with self._lock:
+                if callback in self._listeners:
+                    self._listeners.remove(callback)
+
+        return remove
+
+    def _notify(self, pending_commit: bool) -> None:
+        for cb in list(self._listeners):
+            cb(pending_commit)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Outbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Outbox {self.store!r}>"
+

@@ -1,0 +1,191 @@
+"""The plugin registry: transports and stores found through pluggy.
+
+Plugins come from the ``outrelay`` entry-point group; outrelay's own
+transports are listed there exactly like a third party's. Setting
+``OUTRELAY_DISABLE_PLUGIN_AUTOLOAD=1`` loads only the built-ins
+(:data:`DEFAULT_PLUGINS`). After loading, ``check_pending()`` turns a
+misspelt hook in a plugin into an error instead of silence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata as md
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import pluggy
+from pydantic import ValidationError
+
+from outrelay.core import hookspecs
+from outrelay.core.errors import ConfigError, MissingExtraError, UnknownTransportError
+from outrelay.core.transport import Transport
+
+__all__ = ["DEFAULT_PLUGINS", "ENTRY_POINT_GROUP", "Registry", "TransportSpec", "format_validation_error"]
+
+ENTRY_POINT_GROUP = "outrelay"
+DEFAULT_PLUGINS = (
+    "outrelay.transports.memory",
+    "outrelay.transports.file",
+    "outrelay.transports.webhook",
+    "outrelay.transports.kafka",
+    "outrelay.transports.nats",
+    "outrelay.transports.rabbitmq",
+    "outrelay.transports.redis",
+    "outrelay.transports.sns",
+    "outrelay.transports.sqs",
+    "outrelay.transports.pubsub",
+    "outrelay.transports.servicebus",
+    "outrelay.transports.pulsar",
+    "outrelay.core.stores.builtin",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportSpec:
+    """A registered transport: where its class lives and what it needs."""
+
+    name: str
+    target: type[Transport] | str
+    requires: tuple[str, ...] = ()
+    extra: str | None = None
+    origin: str = "outrelay"
+
+    def missing(self) -> list[str]:
+        """Client modules that cannot be imported."""
+        out = []
+        for mod in self.requires:
+            try:
+                importlib.import_module(mod)
+            except ImportError:
+                out.append(mod)
+        return out
+
+    def load(self) -> type[Transport]:
+        """Import the transport class.
+
+        :raises MissingExtraError: when a required client library is missing.
+        """
+        missing = self.missing()
+        if missing:
+            hint = f'pip install "outrelay[{self.extra}]"' if self.extra else f"pip install {' '.join(missing)}"
+            raise MissingExtraError(
+                f"transport {self.name!r} needs {', '.join(missing)}, which is not installed: run {hint}"
+            )
+        if isinstance(self.target, str):
+            mod_name, _, attr = self.target.partition(":")
+            cls = getattr(importlib.import_module(mod_name), attr)
+        else:
+            cls = self.target
+        if not (isinstance(cls, type) and issubclass(cls, Transport)):
+            raise ConfigError(f"transport {self.name!r} from {self.origin} is not a Transport subclass")
+        return cls
+
+
+class Registry:
+    """Holds the plugin manager and what plugins registered."""
+
+    def __init__(self, *, autoload: bool | None = None) -> None:
+        self.pm = pluggy.PluginManager("outrelay")
+        self.pm.add_hookspecs(hookspecs)
+        self.transports: dict[str, TransportSpec] = {}
+        self.stores: dict[str, str] = {}
+        self._origin = "outrelay"
+        self._dists: dict[str, str] = {}
+        if autoload is None:
+            autoload = not os.environ.get("OUTRELAY_DISABLE_PLUGIN_AUTOLOAD")
+        if autoload:
+            self._load_entry_points()
+        for name in DEFAULT_PLUGINS:
+            if self.pm.get_plugin(name) is None:
+                self.pm.register(importlib.import_module(name), name=name)
+        self.pm.check_pending()
+        for impl in self.pm.hook.outrelay_add_transports.get_hookimpls():
+            self._origin = self._origin_of(impl.plugin_name)
+            impl.function(registry=self)
+        self._origin = "outrelay"
+        self.pm.hook.outrelay_add_stores(registry=self)
+
+    def _load_entry_points(self) -> None:
+        for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+            if self.pm.get_plugin(ep.value) is not None:
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # a broken third-party plugin must be named
+                raise ConfigError(
+                    f"plugin {ep.name!r} ({ep.value}) failed to import: {exc}; "
+                    "fix or uninstall it, or set OUTRELAY_DISABLE_PLUGIN_AUTOLOAD=1"
+                ) from exc
+            self.pm.register(plugin, name=ep.value)
+            dist = getattr(ep, "dist", None)
+            if dist is not None:
+                self._dists[ep.value] = f"{dist.name} {dist.version}"
+
+    def _origin_of(self, plugin_name: str) -> str:
+        if plugin_name in self._dists:
+            return self._dists[plugin_name]
+        try:
+            return f"outrelay {md.version('outrelay')}" if plugin_name.startswith("outrelay.") else plugin_name
+        except md.PackageNotFoundError:
+            return "outrelay (source tree)"
+
+    # -- called by plugins ---------------------------------------------------
+
+    def add_transport(
+        self,
+        name: str,
+        target: type[Transport] | str,
+        *,
+        requires: tuple[str, ...] = (),
+        extra: str | None = None,
+    ) -> None:
+        """Register a transport class (or ``"module:Class"`` path) under ``name``."""
+        if name in self.transports and self.transports[name].origin != self._origin:
+            raise ConfigError(
+                f"transport {name!r} is registered twice ({self.transports[name].origin} and {self._origin}); "
+                "uninstall one of them"
+            )
+        self.transports[name] = TransportSpec(name, target, tuple(requires), extra, self._origin)
+
+    def add_store(self, scheme: str, target: str) -> None:
+        """Register an outbox store (``"module:Class"``) for a URL scheme."""
+        self.stores[scheme] = target
+
+    # -- used by outrelay ----------------------------------------------------
+
+    def transport_spec(self, name: str) -> TransportSpec:
+        try:
+            return self.transports[name]
+        except KeyError:
+            known = ", ".join(sorted(self.transports)) or "none"
+            raise UnknownTransportError(
+                f"unknown transport {name!r}; installed transports: {known} "
+                "(a third-party transport must be installed as a package with an 'outrelay' entry point)"
+            ) from None
+
+    def create_transport(self, name: str, options: Mapping[str, Any], *, destination: str) -> Transport:
+        """Validate ``options`` with the transport's config model and build it.
+
+        :raises ConfigError: unknown transport, missing extra or invalid options.
+        """
+        cls = self.transport_spec(name).load()
+        try:
+            config = cls.Config.model_validate(dict(options))
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc), where=f"destinations.{destination}") from None
+        return cls(config, destination=destination)
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """Pydantic's error as one line per problem, joined by '; ', no input values."""
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown option (check the spelling)"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)

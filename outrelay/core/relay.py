@@ -1,0 +1,239 @@
+"""The relay: reads the outbox and publishes through transports.
+
+``Relay(outbox, config)`` then ``await relay.run()`` (until :meth:`stop`) or
+``await relay.run(drain=True)`` (until nothing is left to do). One router
+task fans new events out to destinations; one :class:`DestinationWorker` per
+destination claims, sends and settles. Store calls run in worker threads so
+the event loop never blocks on the database.
+
+Shutdown (:meth:`stop`, or SIGINT/SIGTERM via the CLI) stops claiming, waits
+``relay.shutdown_grace`` seconds for in-flight batches, settles what
+finished, and releases the leases of what did not; nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from outrelay.core.config import DestinationConfig, OutrelayConfig
+from outrelay.core.destination import DestinationWorker
+from outrelay.core.errors import ConfigError, UsageError
+from outrelay.core.outbox import Outbox
+from outrelay.core.registry import Registry
+from outrelay.core.routing import Router
+from outrelay.core.stores.base import DestinationStatus
+from outrelay.core.transport import Transport
+
+__all__ = ["Relay", "RunSummary", "build_transports"]
+
+log = logging.getLogger("outrelay.relay")
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """What a run did; ``remaining`` counts deliveries still pending."""
+
+    counts: dict[str, dict[str, int]]
+    status: list[DestinationStatus]
+    elapsed: float
+
+    @property
+    def remaining(self) -> int:
+        return sum(s.pending for s in self.status)
+
+    @property
+    def dead_lettered(self) -> int:
+        return sum(c["dead_lettered"] + c["parked"] for c in self.counts.values())
+
+
+def build_transports(config: OutrelayConfig, registry: Registry) -> dict[str, Transport]:
+    """Instantiate every configured destination's transport (no I/O).
+
+    :raises ConfigError: unknown transport, missing extra, invalid options.
+    """
+    return {
+        name: registry.create_transport(d.transport, d.options, destination=name)
+        for name, d in config.destinations.items()
+    }
+
+
+class Relay:
+    """See the module docstring.
+
+    ``transports`` adds ready-made transport instances (embedding, tests);
+    their destination options default to :class:`DestinationConfig` values
+    unless ``config.destinations`` names them too.
+    """
+
+    def __init__(
+        self,
+        outbox: Outbox | str | None = None,
+        config: OutrelayConfig | None = None,
+        *,
+        transports: Mapping[str, Transport] | None = None,
+        registry: Registry | None = None,
+    ) -> None:
+        self.config = config or OutrelayConfig()
+        if outbox is None:
+            outbox = self.config.outbox.url
+        self.outbox = Outbox.open(outbox) if isinstance(outbox, str) else outbox
+        self._owns_outbox = isinstance(outbox, str)
+        self.store = self.outbox.store
+        self.registry = registry or Registry()
+        self.hook = self.registry.pm.hook
+        built = build_transports(self.config, self.registry) if self.config.destinations else {}
+        built.update(transports or {})
+        if not built:
+            raise ConfigError("no destinations configured; add a [destinations.NAME] table")
+        self.transports = built
+        self.router = Router(self.config.routes, built)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.stopping = False
+        self._running = False
+        self._route_wake: asyncio.Event | None = None
+        self._fast_poll_until = 0.0
+        self._executor = ThreadPoolExecutor(max_workers=self.store.max_workers, thread_name_prefix="outrelay-store")
+        self.workers: dict[str, DestinationWorker] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a store call in the store's thread(s)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    # -- public control ----------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the relay to stop (idempotent; safe from signal handlers)."""
+        self.stopping = True
+        if self._route_wake is not None:
+            self._route_wake.set()
+        for w in self.workers.values():
+            w.wake.set()
+
+    def wake(self, pending_commit: bool = False) -> None:
+        """Thread-safe: new events were appended (``pending_commit``: in a
+        caller's transaction that is not committed yet — poll fast a while)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        if pending_commit:
+            self._fast_poll_until = time.monotonic() + 2.0
+        if self._route_wake is not None:
+            loop.call_soon_threadsafe(self._route_wake.set)
+
+    async def run(self, *, drain: bool = False) -> RunSummary:
+        """Relay until :meth:`stop` (or, with ``drain``, until idle).
+
+        :raises StoreLockedError: another relay serves this SQLite outbox.
+        """
+        if self._running:
+            raise UsageError("this Relay is already running")
+        self._running = True
+        started = time.monotonic()
+        self._loop = asyncio.get_running_loop()
+        self._route_wake = asyncio.Event()
+        await self.db(self.store.acquire_relay, self.owner)
+        unsubscribe = self.outbox.add_listener(self.wake)
+        self.workers = {
+            name: DestinationWorker(self, name, t, self.config.destinations.get(name) or DestinationConfig(transport=t.name))
+            for name, t in self.transports.items()
+        }
+        tasks = [asyncio.create_task(self._route_loop(), name="outrelay-router")]
+        tasks += [asyncio.create_task(w.run(), name=f"outrelay-{n}") for n, w in self.workers.items()]
+        if self.config.outbox.retention_days is not None:
+            tasks.append(asyncio.create_task(self._retention_loop()))
+        if drain:
+            tasks.append(asyncio.create_task(self._drain_monitor()))
+        self.hook.outrelay_relay_started(relay=self)
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                if t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        finally:
+            self.stop()
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            grace = self.config.relay.shutdown_grace
+            await asyncio.gather(*(w.drain_inflight(grace) for w in self.workers.values()))
+            for w in self.workers.values():
+                try:
+                    await w.transport.close()
+                except Exception as exc:
+                    log.warning("destination %s: close failed: %s", w.name, type(exc).__name__)
+            unsubscribe()
+            await self.db(self.store.release_relay, self.owner)
+            status = await self.db(self.store.status, list(self.workers), time.time())
+            self.hook.outrelay_relay_stopped(relay=self)
+            self._executor.shutdown(wait=True)
+            if self._owns_outbox:
+                self.outbox.close()
+            self._running = False
+        return RunSummary({n: dict(w.counts) for n, w in self.workers.items()}, status, time.monotonic() - started)
+
+    # -- internal loops ------------------------------------------------------------
+
+    async def _route_loop(self) -> None:
+        assert self._route_wake is not None
+        cfg = self.config.relay
+        route = self.router.destinations_for
+        while not self.stopping:
+            self._route_wake.clear()
+            n = await self.db(self.store.route, route, cfg.route_batch, time.time())
+            if n:
+                for w in self.workers.values():
+                    w.wake.set()
+                if n == cfg.route_batch:
+                    continue
+            timeout = 0.02 if time.monotonic() < self._fast_poll_until else cfg.poll_interval
+            try:
+                await asyncio.wait_for(self._route_wake.wait(), timeout=timeout)
+            except TimeoutError:
+                pass
+
+    async def _retention_loop(self) -> None:
+        days = self.config.outbox.retention_days
+        assert days is not None
+        while not self.stopping:
+            removed = await self.db(self.store.prune, time.time() - days * 86400)
+            if removed:
+                log.info("retention: removed %d delivered events older than %s days", removed, days)
+            await asyncio.sleep(60)
+
+    async def _drain_monitor(self) -> None:
+        bound = self.config.relay.drain_retry_bound
+        quiet = 0
+        while not self.stopping:
+            await asyncio.sleep(0.05)
+            now = time.time()
+            busy = await self.db(self.store.unrouted) > 0
+            if not busy:
+                for name, w in self.workers.items():
+                    if not w.opened:
+                        # still trying to connect: wait up to the bound, then give up
+                        if w.failing_since is None or now - w.failing_since < bound:
+                            busy = True
+                            break
+                        continue
+                    next_due = await self.db(self.store.next_due, name)
+                    if w.idle_until(now, next_due) <= now + bound:
+                        busy = True
+                        break
+            quiet = 0 if busy else quiet + 1
+            if quiet >= 2:
+                self.stop()
+                return

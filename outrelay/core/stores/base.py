@@ -1,0 +1,221 @@
+"""The store contract: what the relay asks of an outbox database.
+
+Data model (every store keeps the same facts):
+
+* **events** — the append-only log; ``sequence`` per store; ``routed`` until
+  the relay has fanned the event out to destinations.
+* **deliveries** — pending work: one row per (event, destination) not yet
+  delivered or dead-lettered, ordered per (destination, stream) by its id.
+  A delivered row is deleted, so claiming never reads history.
+* **lanes** — one row per (destination, stream) with pending deliveries.
+  ``due_at`` is when the lane may be claimed next: claiming leases it by
+  pushing ``due_at`` to now + lease (a crashed relay's lanes become
+  claimable when the lease runs out), settling sets it to now (more work)
+  or to a retry time. ``parked`` lanes wait for an operator. Only one
+  holder works a lane at a time, which is what keeps per-stream order.
+* **dead_letters** — failed deliveries with event, destination, reason,
+  attempts and timestamps; ``state`` is ``dead``, ``parked`` or ``replayed``.
+* **destination state** — disabled flag, last error, delivered counter.
+
+All methods are synchronous and may be called from one worker thread; the
+relay wraps them (``max_workers`` threads, 1 for SQLite). Times are Unix
+seconds (float). Every database failure is raised as
+:class:`~outrelay.StoreError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from outrelay.core.envelope import Event
+
+__all__ = ["Claimed", "DeadLetter", "DestinationStatus", "Settlement", "Store"]
+
+SettleKind = Literal["delivered", "retry", "dead", "park", "hold"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claimed:
+    """A delivery handed to the relay: the event and its prior attempts."""
+
+    delivery_id: int
+    event: Event
+    attempts: int
+    first_attempt_at: float | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settlement:
+    """The outcome of one claimed delivery.
+
+    ``delivered`` deletes it; ``retry`` records the attempt and makes the
+    lane due at ``due_at``; ``dead`` moves it to the dead letters and the
+    stream continues; ``park`` records a dead letter in state ``parked`` and
+    stops the lane; ``hold`` leaves it pending untouched (not attempted).
+    """
+
+    delivery_id: int
+    stream: str
+    kind: SettleKind
+    attempts: int = 0
+    due_at: float = 0.0
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DestinationStatus:
+    destination: str
+    pending: int
+    in_retry: int
+    dead_lettered: int
+    parked_streams: int
+    delivered: int
+    oldest_pending_age: float | None
+    last_error: str | None
+    last_error_at: float | None
+    disabled: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeadLetter:
+    id: int
+    event: Event
+    destination: str
+    reason: str
+    attempts: int
+    first_attempt_at: float | None
+    failed_at: float
+    state: str
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "event_id": self.event.id,
+            "type": self.event.type,
+            "stream": self.event.stream,
+            "tenant": self.event.tenant,
+            "destination": self.destination,
+            "reason": self.reason,
+            "attempts": self.attempts,
+            "first_attempt_at": self.first_attempt_at,
+            "failed_at": self.failed_at,
+            "state": self.state,
+        }
+
+
+class Store(ABC):
+    """An outbox database. See the module docstring for the data model."""
+
+    #: threads the relay may use to call this store concurrently
+    max_workers: int = 1
+    #: whether several relay processes may share this store
+    multi_relay: bool = False
+
+    url: str
+
+    # -- application side ---------------------------------------------------
+
+    @abstractmethod
+    def append(self, events: Sequence[Event], conn: Any = None) -> list[Event]:
+        """Insert ``events``; in ``conn``'s open transaction if given (the
+        caller commits), else in a transaction of its own. Returns the events
+        with ``sequence`` set. Never talks to a broker.
+
+        :raises EventError: duplicate event id.
+        """
+
+    # -- relay side ---------------------------------------------------------
+
+    @abstractmethod
+    def acquire_relay(self, owner: str) -> None:
+        """Register a relay process. Stores that serve one relay raise
+        :class:`~outrelay.StoreLockedError` when another holds it, and release
+        the leases a crashed predecessor left."""
+
+    @abstractmethod
+    def release_relay(self, owner: str) -> None:
+        """Release leases held by ``owner`` and the relay registration."""
+
+    @abstractmethod
+    def route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
+        """Fan out up to ``limit`` unrouted events (in sequence order) into
+        deliveries for the destinations ``router`` returns. Returns how many
+        events were routed. Never skips an event committed late."""
+
+    @abstractmethod
+    def claim(
+        self, destination: str, *, limit: int, per_lane: int, owner: str, lease_seconds: float, now: float
+    ) -> list[Claimed]:
+        """Lease due lanes of ``destination`` (earliest due first) and return
+        up to ``per_lane`` deliveries of each, in order, ``limit`` in all.
+        Only lanes that contributed a delivery are leased."""
+
+    @abstractmethod
+    def settle(self, destination: str, owner: str, settlements: Sequence[Settlement], now: float) -> None:
+        """Apply outcomes in one transaction and release the lanes (see
+        :class:`Settlement`). Lanes no longer leased by ``owner`` are left alone."""
+
+    @abstractmethod
+    def next_due(self, destination: str) -> float | None:
+        """Earliest ``due_at`` of an unparked lane of ``destination``, or None."""
+
+    @abstractmethod
+    def unrouted(self) -> int:
+        """Events not routed yet."""
+
+    # -- operator side ------------------------------------------------------
+
+    @abstractmethod
+    def status(self, destinations: Sequence[str], now: float) -> list[DestinationStatus]: ...
+
+    @abstractmethod
+    def record_error(self, destination: str, error: str | None, now: float) -> None: ...
+
+    @abstractmethod
+    def set_disabled(self, destination: str, reason: str | None, now: float) -> None:
+        """Disable (``reason`` given) or re-enable (``None``) a destination."""
+
+    @abstractmethod
+    def disabled(self, destination: str) -> str | None: ...
+
+    @abstractmethod
+    def dead_letters(
+        self, *, destination: str | None = None, states: Sequence[str] = ("dead", "parked"), limit: int = 100
+    ) -> list[DeadLetter]: ...
+
+    @abstractmethod
+    def dead_letter(self, dl_id: int) -> DeadLetter:
+        """:raises NotFoundError: no such dead letter."""
+
+    @abstractmethod
+    def replay_dead(self, ids: Sequence[int] | None, *, destination: str | None, now: float) -> int:
+        """Queue dead letters again (all matching when ``ids`` is None);
+        a parked lane is unparked and its head retried. Returns the count."""
+
+    @abstractmethod
+    def purge_dead(self, ids: Sequence[int] | None, *, destination: str | None) -> int:
+        """Delete dead letters; purging a parked one drops that delivery and
+        unparks its lane. Returns the count."""
+
+    @abstractmethod
+    def events(self, *, stream: str | None = None, after: int = 0, limit: int = 1000) -> list[Event]:
+        """Read the log in sequence order (history, for replay and tools)."""
+
+    @abstractmethod
+    def replay_stream(self, destination: str, *, stream: str | None, after: int, now: float) -> int:
+        """Queue history (``sequence > after``, one stream or all) to
+        ``destination`` again. Returns the count queued."""
+
+    @abstractmethod
+    def prune(self, older_than: float) -> int:
+        """Delete delivered, routed events older than ``older_than`` that no
+        delivery or dead letter refers to. Returns the count."""
+
+    @abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,478 @@
+"""The embedded SQLite outbox (``sqlite:///path/to/outbox.db``).
+
+One relay process per database (enforced by an advisory lock file next to
+it); any number of application processes may append. WAL mode, a busy
+timeout, and tables prefixed ``outrelay_`` so the outbox can live in the
+application's own database file. Appends in the application's connection run
+in its transaction; the relay's bookkeeping uses its own connection.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from outrelay.core.envelope import Event
+from outrelay.core.errors import EventError, NotFoundError, StoreError, StoreLockedError
+from outrelay.core.stores.base import Claimed, DeadLetter, DestinationStatus, Settlement, Store
+from outrelay.core.stores.sqlite_schema import MIGRATIONS
+
+__all__ = ["SQLiteStore", "path_from_url"]
+
+
+def path_from_url(url: str) -> str:
+    """``sqlite:///rel.db`` → ``rel.db``; ``sqlite:////abs.db`` → ``/abs.db``;
+    ``sqlite:///:memory:`` is refused (the relay needs a file it can share)."""
+    if not url.startswith("sqlite:///"):
+        raise StoreError(f"outbox url {url!r} is not sqlite:///PATH (e.g. sqlite:///outbox.db)")
+    path = url[len("sqlite:///") :]
+    if not path or path == ":memory:":
+        raise StoreError("outbox url needs a file path, e.g. sqlite:///outbox.db")
+    return path
+
+
+class SQLiteStore(Store):
+    """See the module docstring. Thread-safe: one connection, one lock."""
+
+    max_workers = 1
+    multi_relay = False
+
+    def __init__(self, url: str, *, synchronous: str = "FULL") -> None:
+        self.url = url
+        self.path = path_from_url(url)
+        parent = Path(self.path).parent
+        if not parent.exists():
+            raise StoreError(f"directory {str(parent)!r} for the outbox {self.path!r} does not exist; create it first")
+        self._lock = threading.RLock()
+        self._lockfile: int | None = None
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open SQLite outbox {self.path!r}: {exc}") from exc
+
+    # -- plumbing -------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            db = self._db
+            try:
+                db.execute(f"BEGIN {mode}")
+                yield db
+                db.execute("COMMIT")
+            except BaseException as exc:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
+                raise
+
+    def _q(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
+
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS outrelay_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            row = db.execute("SELECT value FROM outrelay_meta WHERE key='schema_version'").fetchone()
+            version = int(row[0]) if row else 0
+            if version > len(MIGRATIONS):
+                raise StoreError(
+                    f"outbox {self.path!r} has schema version {version}, newer than this outrelay "
+                    f"({len(MIGRATIONS)}); upgrade outrelay"
+                )
+            for i, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                for stmt in script:
+                    db.execute(stmt)
+                db.execute("INSERT OR REPLACE INTO outrelay_meta VALUES ('schema_version', ?)", (str(i),))
+
+    @staticmethod
+    def _event(seq: int, attrs: bytes | str, data: bytes) -> Event:
+        return Event.from_attributes(orjson.loads(attrs), data, seq)
+
+    # -- application side -------------------------------------------------------
+
+    def append(self, events: Sequence[Event], conn: Any = None) -> list[Event]:
+        rows = [
+            (e.id, e.stream, e.type, e.tenant, e.time.timestamp(), orjson.dumps(e.attributes()), e.data) for e in events
+        ]
+        sql = (
+            "INSERT INTO outrelay_events (id, stream, type, tenant, time, attrs, data) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING seq"
+        )
+        try:
+            if conn is not None:
+                if not isinstance(conn, sqlite3.Connection):
+                    raise StoreError(
+                        f"append(conn=...) on a SQLite outbox takes a sqlite3.Connection, got {type(conn).__name__}"
+                    )
+                seqs = [conn.execute(sql, r).fetchone()[0] for r in rows]
+            else:
+                with self._tx() as db:
+                    seqs = [db.execute(sql, r).fetchone()[0] for r in rows]
+        except (sqlite3.IntegrityError, StoreError) as exc:
+            cause = exc.__cause__ if isinstance(exc, StoreError) else exc
+            if isinstance(cause, sqlite3.IntegrityError) and "outrelay_events.id" in str(cause):
+                raise EventError(f"an event with one of these ids is already in the outbox: {cause}") from None
+            if isinstance(exc, StoreError):
+                raise
+            raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                raise StoreError(
+                    "the connection passed to append() is not on the outbox database "
+                    f"{self.path!r} (no outrelay tables)"
+                ) from exc
+            raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
+        return [e.replace(sequence=s) for e, s in zip(events, seqs, strict=True)]
+
+    # -- relay side -------------------------------------------------------------
+
+    def acquire_relay(self, owner: str) -> None:
+        import fcntl
+
+        lock_path = self.path + ".relay-lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            other = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StoreLockedError(
+                f"another relay (pid {other}) is running on the SQLite outbox {self.path!r}; "
+                "SQLite serves one relay process — stop the other one, or use PostgreSQL for several"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lockfile = fd
+        with self._tx() as db:  # whatever a crashed predecessor leased is free again
+            db.execute("UPDATE outrelay_lanes SET owner = NULL, due_at = MIN(due_at, ?) WHERE owner IS NOT NULL", (0.0,))
+
+    def release_relay(self, owner: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE outrelay_lanes SET owner = NULL, due_at = 0 WHERE owner = ?", (owner,))
+        if self._lockfile is not None:
+            os.close(self._lockfile)
+            self._lockfile = None
+
+    def route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT seq, attrs, data FROM outrelay_events WHERE routed = 0 ORDER BY seq LIMIT ?", (limit,)
+            ).fetchall()
+            if not rows:
+                return 0
+            deliveries: list[tuple[str, str, int, float]] = []
+            lanes: dict[tuple[str, str], int] = {}
+            for seq, attrs, data in rows:
+                event = self._event(seq, attrs, data)
+                for dest in router(event):
+                    deliveries.append((dest, event.stream, seq, now))
+                    lanes[(dest, event.stream)] = lanes.get((dest, event.stream), 0) + 1
+            db.executemany(
+                "INSERT INTO outrelay_deliveries (destination, stream, event_seq, created_at) VALUES (?, ?, ?, ?)",
+                deliveries,
+            )
+            db.executemany(
+                "INSERT INTO outrelay_lanes (destination, stream, due_at, pending) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (destination, stream) DO UPDATE SET pending = pending + excluded.pending",
+                [(d, s, now, n) for (d, s), n in lanes.items()],
+            )
+            db.executemany("UPDATE outrelay_events SET routed = 1 WHERE seq = ?", [(r[0],) for r in rows])
+            return len(rows)
+
+    def claim(
+        self, destination: str, *, limit: int, per_lane: int, owner: str, lease_seconds: float, now: float
+    ) -> list[Claimed]:
+        with self._tx() as db:
+            streams = [
+                r[0]
+                for r in db.execute(
+                    "SELECT stream FROM outrelay_lanes WHERE destination = ? AND parked = 0 AND due_at <= ? "
+                    "ORDER BY due_at LIMIT ?",
+                    (destination, now, limit),
+                )
+            ]
+            out: list[Claimed] = []
+            leased: list[str] = []
+            for stream in streams:
+                room = min(per_lane, limit - len(out))
+                if room <= 0:
+                    break
+                leased.append(stream)
+                for d_id, attempts, first, seq, attrs, data in db.execute(
+                    "SELECT d.id, d.attempts, d.first_attempt_at, e.seq, e.attrs, e.data "
+                    "FROM outrelay_deliveries d JOIN outrelay_events e ON e.seq = d.event_seq "
+                    "WHERE d.destination = ? AND d.stream = ? ORDER BY d.id LIMIT ?",
+                    (destination, stream, room),
+                ):
+                    out.append(Claimed(d_id, self._event(seq, attrs, data), attempts, first))
+            db.executemany(
+                "UPDATE outrelay_lanes SET owner = ?, due_at = ? WHERE destination = ? AND stream = ?",
+                [(owner, now + lease_seconds, destination, s) for s in leased],
+            )
+            return out
+
+    def settle(self, destination: str, owner: str, settlements: Sequence[Settlement], now: float) -> None:
+        lanes: dict[str, tuple[float, bool, int]] = {}  # stream -> (due_at, parked, removed)
+        delivered = 0
+        with self._tx() as db:
+            for s in settlements:
+                due, parked, removed = lanes.get(s.stream, (now, False, 0))
+                if s.kind == "delivered":
+                    db.execute("DELETE FROM outrelay_deliveries WHERE id = ?", (s.delivery_id,))
+                    removed += 1
+                    delivered += 1
+                elif s.kind == "retry":
+                    db.execute(
+                        "UPDATE outrelay_deliveries SET attempts = ?, last_error = ?, "
+                        "first_attempt_at = COALESCE(first_attempt_at, ?) WHERE id = ?",
+                        (s.attempts, s.error, now, s.delivery_id),
+                    )
+                    due = max(due, s.due_at)
+                elif s.kind in ("dead", "park"):
+                    row = db.execute(
+                        "SELECT event_seq, first_attempt_at FROM outrelay_deliveries WHERE id = ?", (s.delivery_id,)
+                    ).fetchone()
+                    if row is None:
+                        continue
+                    db.execute(
+                        "INSERT INTO outrelay_dead_letters (event_seq, destination, stream, reason, attempts, "
+                        "first_attempt_at, failed_at, state, delivery_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            row[0], destination, s.stream, s.error or "", s.attempts, row[1] or now, now,
+                            "dead" if s.kind == "dead" else "parked", s.delivery_id if s.kind == "park" else None,
+                        ),
+                    )
+                    if s.kind == "dead":
+                        db.execute("DELETE FROM outrelay_deliveries WHERE id = ?", (s.delivery_id,))
+                        removed += 1
+                    else:
+                        db.execute(
+                            "UPDATE outrelay_deliveries SET attempts = ?, last_error = ? WHERE id = ?",
+                            (s.attempts, s.error, s.delivery_id),
+                        )
+                        parked = True
+                lanes[s.stream] = (due, parked, removed)
+            for stream, (due, parked, removed) in lanes.items():
+                db.execute(
+                    "UPDATE outrelay_lanes SET pending = pending - ?, owner = NULL, due_at = ?, parked = ? "
+                    "WHERE destination = ? AND stream = ? AND owner = ?",
+                    (removed, due, int(parked), destination, stream, owner),
+                )
+                db.execute(
+                    "DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ? AND pending <= 0",
+                    (destination, stream),
+                )
+            if delivered:
+                db.execute(
+                    "INSERT INTO outrelay_destinations (destination, delivered) VALUES (?, ?) "
+                    "ON CONFLICT (destination) DO UPDATE SET delivered = delivered + excluded.delivered",
+                    (destination, delivered),
+                )
+
+    def next_due(self, destination: str) -> float | None:
+        row = self._q(
+            "SELECT MIN(due_at) FROM outrelay_lanes WHERE destination = ? AND parked = 0", (destination,)
+        )
+        return None if row[0][0] is None else float(row[0][0])
+
+    def unrouted(self) -> int:
+        return int(self._q("SELECT COUNT(*) FROM outrelay_events WHERE routed = 0")[0][0])
+
+    # -- operator side ----------------------------------------------------------
+
+    def status(self, destinations: Sequence[str], now: float) -> list[DestinationStatus]:
+        out = []
+        for dest in destinations:
+            pending, in_retry, oldest = self._q(
+                "SELECT COUNT(*), COALESCE(SUM(attempts > 0), 0), MIN(created_at) "
+                "FROM outrelay_deliveries WHERE destination = ?",
+                (dest,),
+            )[0]
+            dead = self._q(
+                "SELECT COUNT(*) FROM outrelay_dead_letters WHERE destination = ? AND state = 'dead'", (dest,)
+            )[0][0]
+            parked = self._q(
+                "SELECT COUNT(*) FROM outrelay_lanes WHERE destination = ? AND parked = 1", (dest,)
+            )[0][0]
+            row = self._q(
+                "SELECT delivered, last_error, last_error_at, disabled FROM outrelay_destinations "
+                "WHERE destination = ?",
+                (dest,),
+            )
+            delivered, err, err_at, disabled = row[0] if row else (0, None, None, None)
+            out.append(
+                DestinationStatus(
+                    dest, pending, in_retry, dead, parked, delivered,
+                    None if oldest is None else max(0.0, now - oldest), err, err_at, disabled,
+                )
+            )
+        return out
+
+    def record_error(self, destination: str, error: str | None, now: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO outrelay_destinations (destination, last_error, last_error_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (destination) DO UPDATE SET last_error = excluded.last_error, "
+                "last_error_at = excluded.last_error_at",
+                (destination, error, now if error else None),
+            )
+
+    def set_disabled(self, destination: str, reason: str | None, now: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO outrelay_destinations (destination, disabled) VALUES (?, ?) "
+                "ON CONFLICT (destination) DO UPDATE SET disabled = excluded.disabled",
+                (destination, reason),
+            )
+
+    def disabled(self, destination: str) -> str | None:
+        row = self._q("SELECT disabled FROM outrelay_destinations WHERE destination = ?", (destination,))
+        return row[0][0] if row else None
+
+    _DL_SELECT = (
+        "SELECT dl.id, e.seq, e.attrs, e.data, dl.destination, dl.reason, dl.attempts, dl.first_attempt_at, "
+        "dl.failed_at, dl.state FROM outrelay_dead_letters dl JOIN outrelay_events e ON e.seq = dl.event_seq "
+    )
+
+    def _dl(self, row: Sequence[Any]) -> DeadLetter:
+        return DeadLetter(row[0], self._event(row[1], row[2], row[3]), *row[4:])
+
+    def dead_letters(
+        self, *, destination: str | None = None, states: Sequence[str] = ("dead", "parked"), limit: int = 100
+    ) -> list[DeadLetter]:
+        marks = ",".join("?" * len(states))
+        sql = self._DL_SELECT + f"WHERE dl.state IN ({marks})"
+        args: list[Any] = list(states)
+        if destination:
+            sql += " AND dl.destination = ?"
+            args.append(destination)
+        return [self._dl(r) for r in self._q(sql + " ORDER BY dl.id LIMIT ?", (*args, limit))]
+
+    def dead_letter(self, dl_id: int) -> DeadLetter:
+        rows = self._q(self._DL_SELECT + "WHERE dl.id = ?", (dl_id,))
+        if not rows:
+            raise NotFoundError(f"no dead letter with id {dl_id}; see `outrelay dlq list`")
+        return self._dl(rows[0])
+
+    def _select_dead(
+        self, db: sqlite3.Connection, ids: Sequence[int] | None, destination: str | None
+    ) -> list[tuple[int, int, str, str, str, int | None]]:
+        sql = "SELECT id, event_seq, destination, stream, state, delivery_id FROM outrelay_dead_letters WHERE state IN ('dead','parked')"
+        args: list[Any] = []
+        if ids is not None:
+            sql += f" AND id IN ({','.join('?' * len(ids))})"
+            args += list(ids)
+        if destination:
+            sql += " AND destination = ?"
+            args.append(destination)
+        return db.execute(sql + " ORDER BY id", args).fetchall()
+
+    def replay_dead(self, ids: Sequence[int] | None, *, destination: str | None, now: float) -> int:
+        with self._tx() as db:
+            rows = self._select_dead(db, ids, destination)
+            if ids is not None and len(rows) != len(set(ids)):
+                found = {r[0] for r in rows}
+                missing = [i for i in ids if i not in found]
+                raise NotFoundError(f"no replayable dead letter with id {missing[0]}; see `outrelay dlq list`")
+            for dl_id, seq, dest, stream, state, delivery_id in rows:
+                if state == "parked":
+                    db.execute("UPDATE outrelay_deliveries SET attempts = 0 WHERE id = ?", (delivery_id,))
+                    db.execute(
+                        "UPDATE outrelay_lanes SET parked = 0, due_at = ? WHERE destination = ? AND stream = ?",
+                        (now, dest, stream),
+                    )
+                else:
+                    self._enqueue(db, dest, stream, seq, now)
+                db.execute("UPDATE outrelay_dead_letters SET state = 'replayed' WHERE id = ?", (dl_id,))
+            return len(rows)
+
+    @staticmethod
+    def _enqueue(db: sqlite3.Connection, dest: str, stream: str, seq: int, now: float) -> None:
+        db.execute(
+            "INSERT INTO outrelay_deliveries (destination, stream, event_seq, created_at) VALUES (?, ?, ?, ?)",
+            (dest, stream, seq, now),
+        )
+        db.execute(
+            "INSERT INTO outrelay_lanes (destination, stream, due_at, pending) VALUES (?, ?, ?, 1) "
+            "ON CONFLICT (destination, stream) DO UPDATE SET pending = pending + 1",
+            (dest, stream, now),
+        )
+
+    def purge_dead(self, ids: Sequence[int] | None, *, destination: str | None) -> int:
+        with self._tx() as db:
+            rows = self._select_dead(db, ids, destination)
+            for dl_id, _seq, dest, stream, state, delivery_id in rows:
+                if state == "parked":
+                    db.execute("DELETE FROM outrelay_deliveries WHERE id = ?", (delivery_id,))
+                    db.execute(
+                        "UPDATE outrelay_lanes SET parked = 0, pending = pending - 1, due_at = 0 "
+                        "WHERE destination = ? AND stream = ?",
+                        (dest, stream),
+                    )
+                    db.execute(
+                        "DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ? AND pending <= 0",
+                        (dest, stream),
+                    )
+                db.execute("DELETE FROM outrelay_dead_letters WHERE id = ?", (dl_id,))
+            return len(rows)
+
+    def events(self, *, stream: str | None = None, after: int = 0, limit: int = 1000) -> list[Event]:
+        if stream is None:
+            rows = self._q(
+                "SELECT seq, attrs, data FROM outrelay_events WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+            )
+        else:
+            rows = self._q(
+                "SELECT seq, attrs, data FROM outrelay_events WHERE stream = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (stream, after, limit),
+            )
+        return [self._event(*r) for r in rows]
+
+    def replay_stream(self, destination: str, *, stream: str | None, after: int, now: float) -> int:
+        count = 0
+        with self._tx() as db:
+            sql = "SELECT seq, stream FROM outrelay_events WHERE seq > ? AND routed = 1"
+            args: list[Any] = [after]
+            if stream is not None:
+                sql += " AND stream = ?"
+                args.append(stream)
+            for seq, s in db.execute(sql + " ORDER BY seq", args).fetchall():
+                self._enqueue(db, destination, s, seq, now)
+                count += 1
+        return count
+
+    def prune(self, older_than: float) -> int:
+        with self._tx() as db:
+            cur = db.execute(
+                "DELETE FROM outrelay_events WHERE routed = 1 AND time < ? "
+                "AND NOT EXISTS (SELECT 1 FROM outrelay_deliveries d WHERE d.event_seq = seq) "
+                "AND NOT EXISTS (SELECT 1 FROM outrelay_dead_letters dl WHERE dl.event_seq = seq)",
+                (older_than,),
+            )
+            return cur.rowcount
+
+    def close(self) -> None:
+        with self._lock:
+            if self._lockfile is not None:
+                os.close(self._lockfile)
+                self._lockfile = None
+            self._db.close()
+
+    def __repr__(self) -> str:
+        return f"<SQLiteStore {self.path!r}>"

@@ -1,0 +1,64 @@
+"""Versioned SQLite migrations; each entry is applied once, in order, never destructive."""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE outrelay_events (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL UNIQUE,
+            stream TEXT NOT NULL,
+            type TEXT NOT NULL,
+            tenant TEXT,
+            time REAL NOT NULL,
+            attrs BLOB NOT NULL,
+            data BLOB NOT NULL,
+            routed INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX outrelay_events_unrouted ON outrelay_events (seq) WHERE routed = 0",
+        "CREATE INDEX outrelay_events_stream ON outrelay_events (stream, seq)",
+        """CREATE TABLE outrelay_deliveries (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            destination TEXT NOT NULL,
+            stream TEXT NOT NULL,
+            event_seq INTEGER NOT NULL REFERENCES outrelay_events (seq),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            first_attempt_at REAL,
+            last_error TEXT,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX outrelay_deliveries_lane ON outrelay_deliveries (destination, stream, id)",
+        "CREATE INDEX outrelay_deliveries_event ON outrelay_deliveries (event_seq)",
+        """CREATE TABLE outrelay_lanes (
+            destination TEXT NOT NULL,
+            stream TEXT NOT NULL,
+            due_at REAL NOT NULL,
+            pending INTEGER NOT NULL DEFAULT 0,
+            parked INTEGER NOT NULL DEFAULT 0,
+            owner TEXT,
+            PRIMARY KEY (destination, stream)
+        )""",
+        "CREATE INDEX outrelay_lanes_due ON outrelay_lanes (destination, parked, due_at)",
+        """CREATE TABLE outrelay_dead_letters (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            event_seq INTEGER NOT NULL REFERENCES outrelay_events (seq),
+            destination TEXT NOT NULL,
+            stream TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            first_attempt_at REAL,
+            failed_at REAL NOT NULL,
+            state TEXT NOT NULL,
+            delivery_id INTEGER
+        )""",
+        "CREATE INDEX outrelay_dead_letters_dest ON outrelay_dead_letters (destination, state, id)",
+        "CREATE INDEX outrelay_dead_letters_event ON outrelay_dead_letters (event_seq)",
+        """CREATE TABLE outrelay_destinations (
+            destination TEXT PRIMARY KEY,
+            delivered INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT,
+            last_error_at REAL,
+            disabled TEXT
+        )""",
+    ),
+)

@@ -1,0 +1,228 @@
+"""The transport contract: everything a transport author implements.
+
+A transport is a class with a frozen config model, declared capabilities,
+and four coroutines::
+
+    class MyTransport(Transport):
+        name = "mine"
+        Config = MyConfig                 # a TransportConfig subclass
+
+        async def open(self) -> None: ...
+        async def send(self, batch) -> list[SendResult]: ...
+        async def close(self) -> None: ...
+        async def check(self) -> str: ...
+        def target(self, event) -> str: ...   # topic/subject/queue for event
+
+Guarantees a transport gives the relay:
+
+* ``send`` returns exactly one :class:`SendResult` per message, in order:
+  :class:`Delivered`, :class:`RetryLater` or :class:`Rejected`. It never
+  raises a vendor exception; a failure of the whole batch may be raised as
+  :class:`~outrelay.RetryableError`/:class:`~outrelay.PermanentError`, which
+  the relay applies to every message of the batch.
+* If ``capabilities.ordered_batches`` is true, a batch may hold several
+  messages with the same ``key``; the transport delivers them in batch order
+  and, once one of them fails, delivers none of the later ones with that key
+  (it reports them :class:`RetryLater`). Otherwise the relay never puts two
+  messages with one key in a batch.
+* ``open`` may fail with RetryableError (broker down): the relay retries it.
+  ``close`` is idempotent. ``send`` after ``close`` raises
+  :class:`~outrelay.UsageError`.
+* ``check`` probes connectivity and permission to publish; it returns a short
+  human line or raises a TransportError whose message says what to fix.
+
+``reader()`` returns a :class:`Reader` (consumer side) when the transport
+provides one (``capabilities.reader``); the conformance suite uses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from outrelay.core.envelope import Event
+
+__all__ = [
+    "Capabilities",
+    "Delivered",
+    "Message",
+    "Reader",
+    "Received",
+    "Rejected",
+    "RetryLater",
+    "SendResult",
+    "Transport",
+    "TransportConfig",
+]
+
+
+class TransportConfig(BaseModel):
+    """Base of every transport's config model: frozen, unknown keys rejected.
+
+    Declare secrets as :class:`pydantic.SecretStr` so they never print.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a transport can do; the relay and the conformance suite obey it.
+
+    ``max_message_bytes`` bounds the encoded size of one message (the
+    conformance suite sends exactly that many payload bytes, then one more,
+    which must be :class:`Rejected`). ``dedupe_window`` is in seconds, or
+    ``None`` when ``native_dedupe`` holds for ever (or does not apply).
+    """
+
+    ordering_by_key: bool = True
+    ordered_batches: bool = False
+    native_dedupe: bool = False
+    dedupe_window: float | None = None
+    max_batch_count: int = 100
+    max_batch_bytes: int | None = None
+    max_message_bytes: int | None = None
+    max_header_bytes: int | None = None
+    cloudevents_modes: tuple[str, ...] = ("structured",)
+    reader: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Message:
+    """One event on its way to one destination.
+
+    ``target`` is the rendered topic/subject/queue/URL path for this event;
+    ``key`` the ordering key (the event's stream); ``attempt`` counts from 1.
+    """
+
+    event: Event
+    target: str
+    key: str
+    attempt: int = 1
+
+
+class SendResult:
+    """Base of the three per-message outcomes."""
+
+    __slots__ = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Delivered(SendResult):
+    """The broker confirmed the message (``duplicate``: it already had it)."""
+
+    duplicate: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryLater(SendResult):
+    """A transient failure; ``retry_after`` is the broker's hint in seconds."""
+
+    error: str
+    retry_after: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rejected(SendResult):
+    """A permanent failure. ``disable_destination``: stop the whole
+    destination until an operator re-enables it (e.g. webhook 410 Gone);
+    the message then stays pending instead of being dead-lettered."""
+
+    reason: str
+    disable_destination: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Received:
+    """A message read back by a :class:`Reader`, decoded to an Event.
+
+    ``headers`` holds the protocol's raw headers/attributes as strings,
+    ``body`` the raw payload bytes, ``key`` the broker's ordering key.
+    """
+
+    event: Event
+    target: str
+    key: str | None
+    headers: dict[str, str]
+    body: bytes
+    content_type: str | None = None
+
+
+class Reader(ABC):
+    """Consumer side of a transport: reads back what was published.
+
+    Use as ``async with transport.reader(target) as r: await r.read(n, timeout)``.
+    A reader only sees messages published after it was entered, unless the
+    transport documents otherwise.
+    """
+
+    async def __aenter__(self) -> Reader:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Subscribe/attach; afterwards published messages are captured."""
+
+    @abstractmethod
+    async def read(self, count: int, timeout: float) -> list[Received]:
+        """Return up to ``count`` messages, waiting at most ``timeout`` seconds."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Detach and free resources; idempotent."""
+
+
+class Transport(ABC):
+    """Base class of every transport (see the module docstring)."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[TransportConfig]] = TransportConfig
+
+    def __init__(self, config: TransportConfig, *, destination: str = "default") -> None:
+        self.config = config
+        self.destination = destination
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Declared capabilities; may depend on the config."""
+        return Capabilities()
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect. :raises RetryableError: when the broker is unreachable."""
+
+    @abstractmethod
+    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
+        """Publish ``batch``; one result per message, in order."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Flush and disconnect; idempotent."""
+
+    def target(self, event: Event) -> str:
+        """The topic/subject/queue/path ``event`` goes to (usually a rendered
+        :class:`~outrelay.core.templates.Template`); must not fail."""
+        return ""
+
+    async def check(self) -> str:
+        """Probe connectivity and publish permission; return a short summary."""
+        await self.open()
+        try:
+            return "reachable"
+        finally:
+            await self.close()
+
+    def reader(self, target: str, **options: Any) -> Reader:
+        """A :class:`Reader` for ``target``. :raises NotImplementedError: if none."""
+        raise NotImplementedError(f"transport {self.name!r} provides no reader")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} destination={self.destination!r}>"

@@ -1,0 +1,1 @@
+"""First-party transports, each registered through the ``outrelay`` entry-point group."""

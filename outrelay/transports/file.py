@@ -1,0 +1,157 @@
+"""The ``file`` transport: CloudEvents JSON Lines appended to a file.
+
+For the demo and for debugging. Each message is one line, the structured
+CloudEvents form; ``fsync = true`` makes "delivered" mean "on disk". The
+path may be a template (``"out/{stream}.jsonl"``); parent directories are
+created. The reader tails the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from outrelay.core import cloudevents
+from outrelay.core.envelope import Event
+from outrelay.core.errors import RetryableError, UsageError
+from outrelay.core.hookspecs import hookimpl
+from outrelay.core.templates import Template
+from outrelay.core.transport import (
+    Capabilities,
+    Delivered,
+    Message,
+    Reader,
+    Received,
+    RetryLater,
+    SendResult,
+    Transport,
+    TransportConfig,
+)
+
+if TYPE_CHECKING:
+    from outrelay.core.registry import Registry
+
+__all__ = ["FileConfig", "FileTransport"]
+
+
+class FileConfig(TransportConfig):
+    path: str = "outrelay-events.jsonl"
+    fsync: bool = False
+
+
+class FileTransport(Transport):
+    """See the module docstring."""
+
+    name = "file"
+    Config = FileConfig
+
+    def __init__(self, config: FileConfig, *, destination: str = "file") -> None:
+        super().__init__(config, destination=destination)
+        self.cfg: FileConfig = config
+        self._template = Template(config.path, where=f"destinations.{destination}.path")
+        self._files: dict[str, IO[bytes]] = {}
+        self._state = "new"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(ordered_batches=True, max_batch_count=1000, cloudevents_modes=("structured",), reader=True)
+
+    def target(self, event: Event) -> str:
+        return self._template.render(event)
+
+    async def open(self) -> None:
+        self._state = "open"
+
+    def _write(self, batch: Sequence[Message]) -> list[SendResult]:
+        results: list[SendResult] = []
+        touched: set[str] = set()
+        failed: set[str] = set()
+        for m in batch:
+            if m.key in failed:
+                results.append(RetryLater("an earlier message with this key failed"))
+                continue
+            try:
+                fh = self._files.get(m.target)
+                if fh is None:
+                    Path(m.target).parent.mkdir(parents=True, exist_ok=True)
+                    fh = self._files[m.target] = open(m.target, "ab")  # noqa: SIM115 - kept open
+                fh.write(cloudevents.to_structured(m.event) + b"\n")
+                touched.add(m.target)
+                results.append(Delivered())
+            except OSError as exc:
+                failed.add(m.key)
+                results.append(RetryLater(f"cannot write {m.target}: {exc.strerror}"))
+        for target in touched:
+            fh = self._files[target]
+            try:
+                fh.flush()
+                if self.cfg.fsync:
+                    os.fsync(fh.fileno())
+            except OSError as exc:
+                raise RetryableError(f"cannot flush {target}: {exc.strerror}", destination=self.destination) from exc
+        return results
+
+    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
+        if self._state != "open":
+            raise UsageError(f"file transport {self.destination!r} is {self._state}, not open")
+        return await asyncio.to_thread(self._write, batch)
+
+    async def close(self) -> None:
+        for fh in self._files.values():
+            fh.close()
+        self._files.clear()
+        if self._state == "open":
+            self._state = "closed"
+
+    async def check(self) -> str:
+        path = Path(self._template.render(Event(type="check", stream="check")))
+        parent = path.parent if str(path.parent) else Path(".")
+        if not os.access(parent if parent.exists() else Path("."), os.W_OK):
+            raise RetryableError(f"directory {str(parent)!r} is not writable", destination=self.destination)
+        return f"writes to {self.cfg.path}"
+
+    def reader(self, target: str, **options: Any) -> Reader:
+        return FileReader(target)
+
+
+class FileReader(Reader):
+    """Tails one file from its size at :meth:`start`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._pos = 0
+        self._buf = b""
+
+    async def start(self) -> None:
+        self._pos = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+
+    async def read(self, count: int, timeout: float) -> list[Received]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        out: list[Received] = []
+        while len(out) < count:
+            if os.path.exists(self.path):
+                with open(self.path, "rb") as fh:
+                    fh.seek(self._pos)
+                    chunk = fh.read()
+                self._pos += len(chunk)
+                self._buf += chunk
+                *lines, self._buf = self._buf.split(b"\n")
+                for line in lines:
+                    ev = cloudevents.from_structured(line)
+                    out.append(Received(ev, self.path, ev.stream, {}, line, cloudevents.STRUCTURED_CONTENT_TYPE))
+            if len(out) >= count or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.01)
+        return out
+
+    async def stop(self) -> None:
+        return None
+
+
+@hookimpl
+def outrelay_add_transports(registry: Registry) -> None:
+    registry.add_transport("file", FileTransport)

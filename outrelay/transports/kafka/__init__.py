@@ -1,0 +1,21 @@
+"""The ``kafka`` transport plugin; the implementation needs ``pip install "outrelay[kafka]"``.
+
+Importing this package never imports the client library: the registry
+loads ``_transport.py`` only when a destination uses ``kafka``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from outrelay.core.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from outrelay.core.registry import Registry
+
+
+@hookimpl
+def outrelay_add_transports(registry: Registry) -> None:
+    registry.add_transport(
+        "kafka", "outrelay.transports.kafka._transport:KafkaTransport", requires=("aiokafka",), extra="kafka"
+    )

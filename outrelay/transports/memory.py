@@ -1,0 +1,205 @@
+"""The ``memory`` transport: a genuine in-process broker with a reader.
+
+Messages are kept per target in order, with the event, key and the
+binary-mode CloudEvents headers a real broker would carry. Useful for tests
+and for embedding (``MemoryTransport.broker(name)`` gives the shared store).
+Knobs for fault tests: ``fail_next`` (retryable failures),
+``reject_types`` (permanent), ``max_message_bytes``, ``dedupe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from outrelay.core import cloudevents
+from outrelay.core.envelope import Event
+from outrelay.core.errors import UsageError
+from outrelay.core.hookspecs import hookimpl
+from outrelay.core.templates import Template
+from outrelay.core.transport import (
+    Capabilities,
+    Delivered,
+    Message,
+    Reader,
+    Received,
+    Rejected,
+    RetryLater,
+    SendResult,
+    Transport,
+    TransportConfig,
+)
+
+if TYPE_CHECKING:
+    from outrelay.core.registry import Registry
+
+__all__ = ["MemoryBroker", "MemoryConfig", "MemoryTransport"]
+
+
+class MemoryConfig(TransportConfig):
+    broker: str = "default"
+    target: str = "{type}"
+    max_message_bytes: int | None = None
+    dedupe: bool = True
+    reject_types: tuple[str, ...] = ()
+    latency: float = 0.0
+
+
+@dataclasses.dataclass
+class MemoryBroker:
+    """Per-name in-process broker state. ``statistics()`` for tests."""
+
+    messages: dict[str, list[Received]] = dataclasses.field(default_factory=lambda: defaultdict(list))
+    seen: set[str] = dataclasses.field(default_factory=set)
+    fail_next: int = 0
+    down: bool = False
+    sends: int = 0
+    waiters: list[asyncio.Event] = dataclasses.field(default_factory=list)
+
+    def all(self) -> list[Received]:
+        return [m for msgs in self.messages.values() for m in msgs]
+
+    def statistics(self) -> dict[str, int]:
+        return {"targets": len(self.messages), "messages": sum(map(len, self.messages.values())), "sends": self.sends}
+
+    def clear(self) -> None:
+        self.messages.clear()
+        self.seen.clear()
+        self.fail_next = 0
+        self.down = False
+
+
+class MemoryTransport(Transport):
+    """See the module docstring."""
+
+    name = "memory"
+    Config = MemoryConfig
+    _brokers: ClassVar[dict[str, MemoryBroker]] = {}
+
+    def __init__(self, config: MemoryConfig | None = None, *, destination: str = "memory") -> None:
+        super().__init__(config or MemoryConfig(), destination=destination)
+        self.cfg: MemoryConfig = self.config  # type: ignore[assignment]
+        self._template = Template(self.cfg.target, where=f"destinations.{destination}.target")
+        self._open = False
+        self._closed = False
+
+    @classmethod
+    def broker(cls, name: str = "default") -> MemoryBroker:
+        """The shared state behind every transport configured with ``broker = name``."""
+        return cls._brokers.setdefault(name, MemoryBroker())
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            ordering_by_key=True,
+            ordered_batches=True,
+            native_dedupe=self.cfg.dedupe,
+            max_batch_count=1000,
+            max_message_bytes=self.cfg.max_message_bytes,
+            cloudevents_modes=("binary",),
+            reader=True,
+        )
+
+    def target(self, event: Event) -> str:
+        return self._template.render(event)
+
+    async def open(self) -> None:
+        from outrelay.core.errors import RetryableError
+
+        if self.broker(self.cfg.broker).down:
+            raise RetryableError(f"memory broker {self.cfg.broker!r} is down", destination=self.destination)
+        self._open = True
+        self._closed = False
+
+    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
+        if self._closed or not self._open:
+            raise UsageError(f"memory transport {self.destination!r} is not open")
+        b = self.broker(self.cfg.broker)
+        b.sends += 1
+        if self.cfg.latency:
+            await asyncio.sleep(self.cfg.latency)
+        results: list[SendResult] = []
+        failed: set[str] = set()
+        for m in batch:
+            if m.key in failed:
+                results.append(RetryLater("an earlier message with this key failed"))
+                continue
+            r = self._one(b, m)
+            if not isinstance(r, Delivered):
+                failed.add(m.key)
+            results.append(r)
+        for w in b.waiters:
+            w.set()
+        return results
+
+    def _one(self, b: MemoryBroker, m: Message) -> SendResult:
+        if b.down:
+            return RetryLater(f"memory broker {self.cfg.broker!r} is down")
+        if b.fail_next > 0:
+            b.fail_next -= 1
+            return RetryLater("injected failure")
+        if m.event.type in self.cfg.reject_types:
+            return Rejected(f"type {m.event.type!r} is rejected by configuration")
+        limit = self.cfg.max_message_bytes
+        if limit is not None and len(m.event.data) > limit:
+            return Rejected(f"message of {len(m.event.data)} bytes exceeds max_message_bytes={limit}")
+        if self.cfg.dedupe and m.event.id in b.seen:
+            return Delivered(duplicate=True)
+        b.seen.add(m.event.id)
+        headers = cloudevents.binary_headers(m.event)
+        b.messages[m.target].append(
+            Received(m.event, m.target, m.key, headers, m.event.data, m.event.content_type)
+        )
+        return Delivered()
+
+    async def close(self) -> None:
+        self._closed = True
+        self._open = False
+
+    async def check(self) -> str:
+        await self.open()
+        return f"in-process broker {self.cfg.broker!r} ({self.broker(self.cfg.broker).statistics()['messages']} messages)"
+
+    def reader(self, target: str, **options: Any) -> Reader:
+        return MemoryReader(self.broker(self.cfg.broker), target)
+
+
+class MemoryReader(Reader):
+    """Reads messages published to one target after :meth:`start`."""
+
+    def __init__(self, broker: MemoryBroker, target: str) -> None:
+        self.broker = broker
+        self.target = target
+        self._pos = 0
+        self._event = asyncio.Event()
+
+    async def start(self) -> None:
+        self._pos = len(self.broker.messages[self.target])
+        self.broker.waiters.append(self._event)
+
+    async def read(self, count: int, timeout: float) -> list[Received]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            msgs = self.broker.messages[self.target]
+            if len(msgs) - self._pos >= count or loop.time() >= deadline:
+                out = msgs[self._pos : self._pos + count]
+                self._pos += len(out)
+                return out
+            self._event.clear()
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout=max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                pass
+
+    async def stop(self) -> None:
+        if self._event in self.broker.waiters:
+            self.broker.waiters.remove(self._event)
+
+
+@hookimpl
+def outrelay_add_transports(registry: Registry) -> None:
+    registry.add_transport("memory", MemoryTransport)

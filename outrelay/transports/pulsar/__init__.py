@@ -1,0 +1,21 @@
+"""The ``pulsar`` transport plugin; the implementation needs ``pip install "outrelay[pulsar]"``.
+
+Importing this package never imports the client library: the registry
+loads ``_transport.py`` only when a destination uses ``pulsar``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from outrelay.core.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from outrelay.core.registry import Registry
+
+
+@hookimpl
+def outrelay_add_transports(registry: Registry) -> None:
+    registry.add_transport(
+        "pulsar", "outrelay.transports.pulsar._transport:PulsarTransport", requires=("pulsar",), extra="pulsar"
+    )

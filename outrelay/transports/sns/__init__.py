@@ -1,0 +1,21 @@
+"""The ``sns`` transport plugin; the implementation needs ``pip install "outrelay[sns]"``.
+
+Importing this package never imports the client library: the registry
+loads ``_transport.py`` only when a destination uses ``sns``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from outrelay.core.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from outrelay.core.registry import Registry
+
+
+@hookimpl
+def outrelay_add_transports(registry: Registry) -> None:
+    registry.add_transport(
+        "sns", "outrelay.transports.sns._transport:SNSTransport", requires=("boto3",), extra="sns"
+    )
