@@ -153,17 +153,35 @@ class Event:
 
     @classmethod
     def from_attributes(cls, attrs: Mapping[str, Any], data: bytes, sequence: int | None = None) -> Event:
-        """Inverse of :meth:`attributes`; ``data`` is taken verbatim."""
-        fields = dict(attrs)
-        fields["time"] = datetime.fromisoformat(str(fields["time"]).replace("Z", "+00:00"))
-        fields["tags"] = tuple(fields.get("tags") or ())
-        return cls(**fields, data=bytes(data), sequence=sequence)
+        """Inverse of :meth:`attributes` for trusted input (what a store wrote).
+
+        Skips validation, which already ran when the event was created;
+        ``data`` is taken verbatim.
+        """
+        self = object.__new__(cls)
+        set_ = object.__setattr__
+        for name in _PLAIN_FIELDS:
+            set_(self, name, attrs.get(name))
+        set_(self, "time", datetime.fromisoformat(str(attrs["time"]).replace("Z", "+00:00")))
+        labels, metadata = attrs.get("labels"), attrs.get("metadata")
+        set_(self, "labels", MappingProxyType(labels) if labels else _EMPTY)
+        set_(self, "metadata", MappingProxyType(metadata) if metadata else _EMPTY)
+        set_(self, "tags", tuple(attrs.get("tags") or ()))
+        set_(self, "data", bytes(data))
+        set_(self, "sequence", sequence)
+        return self
 
     def __repr__(self) -> str:
         return (
             f"Event(id={self.id!r}, type={self.type!r}, stream={self.stream!r}, "
             f"tenant={self.tenant!r}, sequence={self.sequence!r}, data=<{len(self.data)} bytes>)"
         )
+
+
+_PLAIN_FIELDS = (
+    "id", "type", "stream", "source", "tenant", "correlation_id", "causation_id", "event_version",
+    "schema_version", "producer_version", "subject", "content_type",
+)
 
 
 def _encode_data(data: Any, content_type: str | None) -> tuple[bytes, str | None]:

@@ -190,7 +190,7 @@ class Relay:
     async def _route_loop(self) -> None:
         assert self._route_wake is not None
         cfg = self.config.relay
-        route = self.router.destinations_for
+        route = self.router
         while not self.stopping:
             self._route_wake.clear()
             n = await self.db(self.store.route, route, cfg.route_batch, time.time())

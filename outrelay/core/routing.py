@@ -23,6 +23,11 @@ class Router:
     def __init__(self, routes: Sequence[RouteConfig], destinations: Iterable[str]) -> None:
         self.routes = tuple(routes)
         self.destinations = tuple(destinations)
+        #: with no routes every event goes everywhere; stores may then skip decoding events
+        self.static_destinations: tuple[str, ...] | None = None if self.routes else self.destinations
+
+    def __call__(self, event: Event) -> list[str]:
+        return self.destinations_for(event)
 
     @staticmethod
     def matches(route: RouteConfig, event: Event) -> bool:

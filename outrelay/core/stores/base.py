@@ -146,7 +146,9 @@ class Store(ABC):
     def route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
         """Fan out up to ``limit`` unrouted events (in sequence order) into
         deliveries for the destinations ``router`` returns. Returns how many
-        events were routed. Never skips an event committed late."""
+        events were routed. Never skips an event committed late. When
+        ``router.static_destinations`` is set (not None), every event goes to
+        exactly those and the store need not decode events."""
 
     @abstractmethod
     def claim(

@@ -171,18 +171,21 @@ class SQLiteStore(Store):
 
     def route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
         with self._tx() as db:
+            static = getattr(router, "static_destinations", None)
             rows = db.execute(
-                "SELECT seq, attrs, data FROM outrelay_events WHERE routed = 0 ORDER BY seq LIMIT ?", (limit,)
+                f"SELECT seq, stream, {'NULL' if static is not None else 'attrs'}, "
+                f"{'NULL' if static is not None else 'data'} FROM outrelay_events WHERE routed = 0 ORDER BY seq LIMIT ?",
+                (limit,),
             ).fetchall()
             if not rows:
                 return 0
             deliveries: list[tuple[str, str, int, float]] = []
             lanes: dict[tuple[str, str], int] = {}
-            for seq, attrs, data in rows:
-                event = self._event(seq, attrs, data)
-                for dest in router(event):
-                    deliveries.append((dest, event.stream, seq, now))
-                    lanes[(dest, event.stream)] = lanes.get((dest, event.stream), 0) + 1
+            for seq, stream, attrs, data in rows:
+                dests = static if static is not None else router(self._event(seq, attrs, data))
+                for dest in dests:
+                    deliveries.append((dest, stream, seq, now))
+                    lanes[(dest, stream)] = lanes.get((dest, stream), 0) + 1
             db.executemany(
                 "INSERT INTO outrelay_deliveries (destination, stream, event_seq, created_at) VALUES (?, ?, ?, ?)",
                 deliveries,
