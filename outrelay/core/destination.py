@@ -113,11 +113,18 @@ class DestinationWorker:
                 delay = min(delay * 2, 30.0)
 
     async def _sleep(self, seconds: float) -> None:
-        self.wake.clear()
+        """Sleep until woken (new work, a settled batch, stop) or ``seconds`` pass.
+
+        A wake that arrived before the sleep ends it at once: it is cleared
+        only after waiting, so no wake-up is lost.
+        """
+        if self.relay.stopping:
+            return
         try:
             await asyncio.wait_for(self.wake.wait(), timeout=max(0.0, seconds))
         except TimeoutError:
             pass
+        self.wake.clear()
 
     async def _wait_for_work(self) -> None:
         next_due = await self.relay.db(self.relay.store.next_due, self.name)

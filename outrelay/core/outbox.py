@@ -77,6 +77,25 @@ class Outbox:
         self._notify(conn is not None)
         return [e.id for e in stored]
 
+    async def aappend(self, events: Event | Iterable[Event], conn: Any = None) -> list[str]:
+        """:meth:`append` for asyncio code. ``conn`` is an async connection in
+        an open transaction (PostgreSQL: ``psycopg.AsyncConnection`` or a
+        SQLAlchemy ``AsyncSession``/``AsyncConnection``; the caller commits);
+        without it the events are committed from a worker thread.
+
+        :raises EventError: not an Event, or an id already in the outbox.
+        :raises StoreError: the database failed, or ``conn`` is not supported.
+        """
+        batch = [events] if isinstance(events, Event) else list(events)
+        for e in batch:
+            if not isinstance(e, Event):
+                raise EventError(f"aappend() takes outrelay.Event objects, got {type(e).__name__}")
+        if not batch:
+            return []
+        stored = await self.store.aappend(batch, conn)
+        self._notify(conn is not None)
+        return [e.id for e in stored]
+
     def add_listener(self, callback: Callable[[bool], None]) -> Callable[[], None]:
         """Call ``callback(in_caller_txn)`` after each append; returns an unsubscribe."""
         with self._lock:

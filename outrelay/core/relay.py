@@ -133,6 +133,18 @@ class Relay:
         if self._route_wake is not None:
             loop.call_soon_threadsafe(self._route_wake.set)
 
+    def _on_store_notice(self, what: str) -> None:
+        """Thread-safe: another process appended (wake the router) or routed
+        (wake the destination workers, which would otherwise wait a poll)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        if what == "routed":
+            for w in list(self.workers.values()):
+                loop.call_soon_threadsafe(w.wake.set)
+        else:
+            self.wake()
+
     async def run(self, *, drain: bool = False) -> RunSummary:
         """Relay until :meth:`stop` (or, with ``drain``, until idle).
 
@@ -146,6 +158,7 @@ class Relay:
         self._route_wake = asyncio.Event()
         await self.db(self.store.acquire_relay, self.owner)
         unsubscribe = self.outbox.add_listener(self.wake)
+        unlisten = self.store.listen(self._on_store_notice)  # other processes' appends (PostgreSQL NOTIFY)
         self.workers = {
             name: DestinationWorker(self, name, t, self.config.destinations.get(name) or DestinationConfig(transport=t.name))
             for name, t in self.transports.items()
@@ -176,6 +189,7 @@ class Relay:
                 except Exception as exc:
                     log.warning("destination %s: close failed: %s", w.name, type(exc).__name__)
             unsubscribe()
+            unlisten()
             await self.db(self.store.release_relay, self.owner)
             status = await self.db(self.store.status, list(self.workers), time.time())
             self.hook.outrelay_relay_stopped(relay=self)

@@ -25,6 +25,7 @@ seconds (float). Every database failure is raised as
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -129,6 +130,26 @@ class Store(ABC):
 
         :raises EventError: duplicate event id.
         """
+
+    async def aappend(self, events: Sequence[Event], conn: Any = None) -> list[Event]:
+        """:meth:`append` for asyncio code: in ``conn``'s open transaction if
+        given (an async connection of the store's driver), else in a worker
+        thread. Stores without async drivers refuse ``conn``.
+
+        :raises EventError: duplicate event id. :raises StoreError: ``conn`` not supported.
+        """
+        if conn is not None:
+            from outrelay.core.errors import StoreError
+
+            raise StoreError(f"{type(self).__name__} takes no async connection; append in a sync one with append()")
+        return await asyncio.to_thread(self.append, events)
+
+    def listen(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(what)`` from any thread when another process has
+        committed an append (``"appended"``) or routed events (``"routed"``),
+        so a relay wakes before its next poll. Returns a function that stops
+        listening. Default: no notifications (relays poll)."""
+        return lambda: None
 
     # -- relay side ---------------------------------------------------------
 

@@ -1,0 +1,105 @@
+"""Shared CLI plumbing: config loading, secret masking, one-line errors."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from outrelay.core.config import OutrelayConfig, default_config_path, load_config
+from outrelay.core.errors import ConfigError
+
+__all__ = [
+    "ConfigOption",
+    "config_context",
+    "console",
+    "err_console",
+    "load",
+    "mask",
+    "secrets_of",
+    "setup_logging",
+]
+
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+ConfigOption = typer.Option(
+    None,
+    "--config",
+    "-c",
+    help="Config file (default: $OUTRELAY_CONFIG or ./outrelay.toml).",
+    show_default=False,
+)
+
+_SECRET_KEYS = re.compile(r"(secret|password|passwd|token|key|credential|connection_string|sasl)", re.I)
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@", re.I)
+_KV_SECRET = re.compile(r"(?i)\b(SharedAccessKey|password|token|secret|AccountKey)=([^;&\s]+)")
+
+
+def load(path: Path | None) -> OutrelayConfig:
+    """Load the config file (ConfigError propagates to the one-line handler)."""
+    return load_config(path if path is not None else default_config_path())
+
+
+@contextmanager
+def config_context(path: Path | None) -> Iterator[None]:
+    """Prefix ConfigErrors raised while building from the config with its path."""
+    try:
+        yield
+    except ConfigError as exc:
+        where = str(path if path is not None else default_config_path())
+        if str(exc).startswith(where):
+            raise
+        raise type(exc)(str(exc), where=where) from None
+
+
+def secrets_of(config: OutrelayConfig) -> list[str]:
+    """Every value under a secret-looking key of any destination (for masking)."""
+    found: list[str] = []
+
+    def walk(value: Any, key: str = "") -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(v, str(k))
+        elif isinstance(value, list | tuple):
+            for v in value:
+                walk(v, key)
+        elif isinstance(value, str) and value and _SECRET_KEYS.search(key) and len(value) >= 4:
+            found.append(value)
+
+    for dest in config.destinations.values():
+        walk(dest.options)
+    walk({"url": config.outbox.url})
+    return found
+
+
+def mask(text: str | None, secrets: Iterable[str] = ()) -> str | None:
+    """Hide known secret values, URL passwords and key=value secrets."""
+    if text is None:
+        return None
+    for s in sorted(set(secrets), key=len, reverse=True):
+        text = text.replace(s, "***")
+    text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
+    return _KV_SECRET.sub(lambda m: f"{m.group(1)}=***", text)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    """Text or JSON-lines logs on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        from outrelay.core.cli._jsonlog import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("outrelay")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False

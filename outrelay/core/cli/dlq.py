@@ -1,0 +1,108 @@
+"""``outrelay dlq``: list, show, replay and purge dead letters."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+import typer
+
+from outrelay.core import cloudevents
+from outrelay.core.cli._common import ConfigOption, console, load, mask, secrets_of
+from outrelay.core.errors import ConfigError
+from outrelay.core.outbox import Outbox
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Inspect, replay and purge dead letters.", no_args_is_help=True, add_completion=False)
+
+
+def _ts(t: float | None) -> str:
+    return "-" if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@app.command("list")
+def list_(
+    destination: str | None = typer.Option(None, "--destination", "-d"),
+    limit: int = typer.Option(100, "--limit", min=1),
+    include_replayed: bool = typer.Option(False, "--include-replayed"),
+    as_json: bool = typer.Option(False, "--json"),
+    config: Path | None = ConfigOption,
+) -> None:
+    """List dead letters (and parked streams' heads), oldest first."""
+    cfg = load(config)
+    secrets = secrets_of(cfg)
+    states = ("dead", "parked", "replayed") if include_replayed else ("dead", "parked")
+    with Outbox.open(cfg.outbox.url) as outbox:
+        rows = outbox.store.dead_letters(destination=destination, states=states, limit=limit)
+    docs = [{**r.summary(), "reason": mask(r.reason, secrets)} for r in rows]
+    if as_json:
+        console.print_json(orjson.dumps(docs).decode())
+        return
+    if not docs:
+        console.print("no dead letters", markup=False)
+        return
+    for d in docs:
+        console.print(
+            f"{d['id']:>6}  {d['state']:<8} {d['destination']:<12} {d['type']:<24} stream={d['stream']} "
+            f"attempts={d['attempts']} failed={_ts(d['failed_at'])}  {d['reason']}",
+            markup=False,
+            soft_wrap=True,
+        )
+
+
+@app.command("show")
+def show(
+    dl_id: int = typer.Argument(..., metavar="ID"),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Show one dead letter with its whole event (CloudEvents JSON)."""
+    cfg = load(config)
+    with Outbox.open(cfg.outbox.url) as outbox:
+        dl = outbox.store.dead_letter(dl_id)
+    doc = {**dl.summary(), "reason": mask(dl.reason, secrets_of(cfg)), "event": orjson.loads(cloudevents.to_structured(dl.event))}
+    console.print_json(orjson.dumps(doc).decode())
+
+
+def _select(ids: list[int], all_: bool) -> list[int] | None:
+    if all_ and ids:
+        raise ConfigError("give dead-letter IDs or --all, not both")
+    if not all_ and not ids:
+        raise ConfigError("give dead-letter IDs (see `outrelay dlq list`) or --all")
+    return None if all_ else ids
+
+
+@app.command("replay")
+def replay(
+    ids: list[int] = typer.Argument(None, metavar="[ID]..."),
+    all_: bool = typer.Option(False, "--all", help="Every dead letter (of --destination, if given)."),
+    destination: str | None = typer.Option(None, "--destination", "-d"),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Queue dead letters for delivery again (a parked stream resumes from its head)."""
+    cfg = load(config)
+    selected = _select(ids or [], all_)
+    with Outbox.open(cfg.outbox.url) as outbox:
+        n = outbox.store.replay_dead(selected, destination=destination, now=time.time())
+    console.print(f"queued {n} dead letter(s) for delivery; a running relay picks them up", markup=False)
+
+
+@app.command("purge")
+def purge(
+    ids: list[int] = typer.Argument(None, metavar="[ID]..."),
+    all_: bool = typer.Option(False, "--all", help="Every dead letter (of --destination, if given)."),
+    destination: str | None = typer.Option(None, "--destination", "-d"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Delete dead letters for good (purging a parked one skips that event and resumes the stream)."""
+    cfg = load(config)
+    selected = _select(ids or [], all_)
+    if not yes:
+        what = "ALL dead letters" if selected is None else f"{len(selected)} dead letter(s)"
+        typer.confirm(f"Purge {what}{' of ' + destination if destination else ''}?", abort=True)
+    with Outbox.open(cfg.outbox.url) as outbox:
+        n = outbox.store.purge_dead(selected, destination=destination)
+    console.print(f"purged {n} dead letter(s)", markup=False)

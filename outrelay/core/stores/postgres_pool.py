@@ -1,0 +1,197 @@
+"""Connections for the PostgreSQL outbox: URL options, a small pool, error
+mapping, and the LISTEN thread that wakes relays.
+
+The URL is a libpq URI (``postgresql://user:pass@host:5432/db``) plus
+outrelay's own query parameters, which are removed before connecting:
+``schema`` (default ``public``), ``prefix`` (``outrelay_``), ``pool_size``
+(4), ``notify`` (``true``) and ``migrate`` (``true``). Passwords never
+appear in reprs or error messages (:func:`redact`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+import psycopg
+from psycopg.types.json import set_json_loads
+
+from outrelay.core.errors import ConfigError, StoreError
+
+__all__ = ["ConnectionPool", "Listener", "parse_url", "redact"]
+
+log = logging.getLogger("outrelay.store.postgres")
+
+OWN_PARAMS = ("schema", "prefix", "pool_size", "notify", "migrate")
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (for reprs, logs and errors)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"outbox url option {name}={value!r}: use true or false")
+
+
+def parse_url(url: str, overrides: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Split ``url`` into a libpq conninfo and outrelay's options
+    (``overrides``, the keyword arguments of ``Outbox.open``, win).
+
+    :raises ConfigError: not a postgresql:// URL, or a bad option value.
+    """
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+", 1)[0].lower()
+    if scheme not in ("postgresql", "postgres"):
+        raise ConfigError(f"outbox url {redact(url)!r} is not postgresql://USER@HOST/DB")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    own = {k: v for k, v in query if k in OWN_PARAMS}
+    rest = [(k, v) for k, v in query if k not in OWN_PARAMS]
+    if not any(k == "connect_timeout" for k, _ in rest):
+        rest.append(("connect_timeout", "5"))
+    unknown = set(overrides) - set(OWN_PARAMS)
+    if unknown:
+        raise ConfigError(f"unknown PostgreSQL outbox option(s) {sorted(unknown)}; known: {', '.join(OWN_PARAMS)}")
+    own.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        pool_size = int(own.get("pool_size", 4))
+    except ValueError:
+        raise ConfigError(f"outbox url option pool_size={own['pool_size']!r}: give a whole number") from None
+    if not 1 <= pool_size <= 64:
+        raise ConfigError(f"outbox url option pool_size={pool_size}: give 1 to 64")
+    options = {
+        "schema": str(own.get("schema", "public")),
+        "prefix": str(own.get("prefix", "outrelay_")),
+        "pool_size": pool_size,
+        "notify": _bool("notify", own.get("notify", True)),
+        "migrate": _bool("migrate", own.get("migrate", True)),
+    }
+    conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(rest), parts.fragment))
+    return conninfo, options
+
+
+def connect(conninfo: str, where: str) -> psycopg.Connection[Any]:
+    """An autocommit connection that decodes jsonb with orjson.
+
+    :raises StoreError: cannot connect (bounded by ``connect_timeout``).
+    """
+    try:
+        conn = psycopg.connect(conninfo, autocommit=True)
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot connect to the PostgreSQL outbox {where}: {_first_line(exc)}") from None
+    set_json_loads(orjson.loads, conn)
+    return conn
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+class ConnectionPool:
+    """At most ``size`` autocommit connections, reused LIFO; a broken one is
+    dropped and replaced on the next checkout."""
+
+    def __init__(self, conninfo: str, size: int, where: str) -> None:
+        self._conninfo = conninfo
+        self._where = where
+        self._size = size
+        self._idle: queue.LifoQueue[psycopg.Connection[Any]] = queue.LifoQueue()
+        self._all: set[psycopg.Connection[Any]] = set()
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(size)
+        self.closed = False
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if self.closed:
+            raise StoreError(f"the PostgreSQL outbox {self._where} is closed")
+        self._slots.acquire()
+        try:
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                conn = connect(self._conninfo, self._where)
+                with self._lock:
+                    self._all.add(conn)
+            try:
+                yield conn
+            finally:
+                idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                if conn.closed or conn.broken or not idle or self.closed:
+                    self._discard(conn)
+                else:
+                    self._idle.put(conn)
+        finally:
+            self._slots.release()
+
+    def _discard(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            self._all.discard(conn)
+        with suppress(psycopg.Error):  # already gone
+            conn.close()
+
+    def close(self) -> None:
+        self.closed = True
+        with self._lock:
+            conns = list(self._all)
+            self._all.clear()
+        for conn in conns:
+            with suppress(psycopg.Error):
+                conn.close()
+
+
+class Listener:
+    """A daemon thread that LISTENs on ``channel`` and calls ``callback(payload)``
+    for each notification; reconnects with backoff (polling covers the gaps)."""
+
+    def __init__(self, conninfo: str, channel: str, callback: Callable[[str], None], where: str) -> None:
+        self._conninfo = conninfo
+        self._channel = channel
+        self._callback = callback
+        self._where = where
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="outrelay-pg-listen", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        delay = 0.5
+        while not self._stop.is_set():
+            try:
+                conn = psycopg.connect(self._conninfo, autocommit=True)
+            except psycopg.Error as exc:
+                log.warning("LISTEN on %s failed: %s (polling meanwhile)", self._where, _first_line(exc))
+                self._stop.wait(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            delay = 0.5
+            try:
+                conn.execute(f'LISTEN "{self._channel}"')
+                while not self._stop.is_set():
+                    for note in conn.notifies(timeout=0.5):
+                        self._callback(note.payload)
+            except psycopg.Error as exc:
+                if not self._stop.is_set():
+                    log.warning("LISTEN connection to %s lost: %s (reconnecting)", self._where, _first_line(exc))
+            finally:
+                conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
