@@ -1,0 +1,106 @@
+"""Plugin discovery through the ``outrelay`` entry-point group."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from outrelay import ConfigError, MissingExtraError, Registry, UnknownTransportError
+
+PLUGIN = '''
+from collections.abc import Sequence
+from outrelay import Delivered, Message, SendResult, Transport, TransportConfig, hookimpl
+
+
+class EchoConfig(TransportConfig):
+    greeting: str = "hi"
+
+
+class EchoTransport(Transport):
+    name = "echo"
+    Config = EchoConfig
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
+        return [Delivered() for _ in batch]
+
+
+@hookimpl
+def outrelay_add_transports(registry):
+    registry.add_transport("echo", EchoTransport)
+    registry.add_transport("needs-lib", "nowhere:X", requires=("outrelay_no_such_lib",), extra="nolib")
+'''
+
+
+@pytest.fixture
+def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A third-party distribution on sys.path, found only through its entry point."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "echo_plugin.py").write_text(textwrap.dedent(PLUGIN))
+    dist = site / "outrelay_echo-1.2.3.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: outrelay-echo\nVersion: 1.2.3\n")
+    (dist / "entry_points.txt").write_text("[outrelay]\necho = echo_plugin\n")
+    monkeypatch.syspath_prepend(str(site))
+    yield site
+    sys.modules.pop("echo_plugin", None)
+
+
+class TestRegistry:
+    def test_builtins_registered(self) -> None:
+        """Every first-party transport is registered."""
+        names = set(Registry().transports)
+        assert {"memory", "file", "webhook", "kafka", "nats", "rabbitmq", "redis", "sns", "sqs", "pubsub",
+                "servicebus", "pulsar"} <= names
+
+    def test_builtins_without_autoload(self) -> None:
+        """OUTRELAY_DISABLE_PLUGIN_AUTOLOAD keeps the built-ins and drops third parties."""
+        assert "memory" in Registry(autoload=False).transports
+
+    def test_third_party_found_by_entry_point(self, third_party: Path) -> None:
+        """A third-party transport is found through its entry point, with its distribution as origin."""
+        reg = Registry()
+        spec = reg.transport_spec("echo")
+        assert spec.origin == "outrelay-echo 1.2.3"
+        t = reg.create_transport("echo", {"greeting": "yo"}, destination="e")
+        assert t.config.greeting == "yo"  # type: ignore[attr-defined]
+        assert "echo" not in Registry(autoload=False).transports
+
+    def test_invalid_options_one_line(self, third_party: Path) -> None:
+        """Unknown transport options are a one-line ConfigError naming the destination."""
+        with pytest.raises(ConfigError, match=r"destinations\.e: greting: unknown option"):
+            Registry().create_transport("echo", {"greting": "x"}, destination="e")
+
+    def test_missing_extra_names_pip_line(self, third_party: Path) -> None:
+        """A transport whose client library is missing fails only when configured, with the pip line."""
+        reg = Registry()
+        with pytest.raises(MissingExtraError, match=r'pip install "outrelay\[nolib\]"'):
+            reg.create_transport("needs-lib", {}, destination="x")
+
+    def test_unknown_transport(self) -> None:
+        """An unknown transport name lists the installed ones."""
+        with pytest.raises(UnknownTransportError, match="installed transports: .*memory"):
+            Registry().transport_spec("nope")
+
+    def test_misspelt_hook_is_an_error(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A plugin implementing a hook that does not exist fails loudly (check_pending)."""
+        site = tmp_path / "s2"
+        site.mkdir()
+        (site / "typo_plugin.py").write_text(
+            "from outrelay import hookimpl\n\n@hookimpl\ndef outrelay_add_transport(registry):\n    pass\n"
+        )
+        dist = site / "typo-0.1.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: typo\nVersion: 0.1\n")
+        (dist / "entry_points.txt").write_text("[outrelay]\ntypo = typo_plugin\n")
+        monkeypatch.syspath_prepend(str(site))
+        try:
+            with pytest.raises(Exception, match="outrelay_add_transport"):
+                Registry()
+        finally:
+            sys.modules.pop("typo_plugin", None)
