@@ -1,6 +1,6 @@
 """Core figures: append latency and relay throughput SQLite → memory.
 
-    python benchmarks/bench_core.py [--count 100000] [--streams 100] [--size 1024]
+python benchmarks/bench_core.py [--count 100000] [--streams 100] [--size 1024]
 """
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ def fill(outbox: Outbox, count: int, streams: int, size: int) -> float:
     t = time.perf_counter()
     for start in range(0, count, 1000):
         outbox.append(
-            [Event(type="workflow.step", stream=f"s{i % streams}", data={"i": i, "pad": pad})
-             for i in range(start, min(count, start + 1000))]
+            [
+                Event(type="workflow.step", stream=f"s{i % streams}", data={"i": i, "pad": pad})
+                for i in range(start, min(count, start + 1000))
+            ]
         )
     return count / (time.perf_counter() - t)
 
@@ -49,14 +51,20 @@ async def relay_memory(path: Path, count: int, streams: int, size: int) -> None:
     rate = fill(outbox, count, streams, size)
     print(f"append throughput (1000 events/txn): {rate:,.0f} events/s")
     cfg = parse_config(
-        {"outbox": {"url": url}, "destinations": {"mem": {"transport": "memory", "broker": "bench", "batch_size": 1000}}}
+        {
+            "outbox": {"url": url},
+            "destinations": {"mem": {"transport": "memory", "broker": "bench", "batch_size": 1000}},
+        }
     )
     t = time.perf_counter()
     summary = await Relay(outbox, cfg).run(drain=True)
     elapsed = time.perf_counter() - t
     got = len(MemoryTransport.broker("bench").all())
     assert got == count and summary.remaining == 0, (got, summary.remaining)
-    print(f"relay SQLite -> memory: {count / elapsed:,.0f} events/s ({count} events, {streams} streams, {size} B, {elapsed:.1f}s)")
+    print(
+        f"relay SQLite -> memory: {count / elapsed:,.0f} events/s "
+        f"({count} events, {streams} streams, {size} B, {elapsed:.1f}s)"
+    )
 
 
 def main() -> None:

@@ -113,9 +113,7 @@ def binary_headers(event: Event, prefix: str = "ce-") -> dict[str, str]:
     return {prefix + k: v for k, v in attributes(event).items() if k != "datacontenttype"}
 
 
-def from_binary(
-    headers: Mapping[str, str], data: bytes, *, content_type: str | None, prefix: str = "ce-"
-) -> Event:
+def from_binary(headers: Mapping[str, str], data: bytes, *, content_type: str | None, prefix: str = "ce-") -> Event:
     """Inverse of :func:`binary_headers`; header names match case-insensitively."""
     plen = len(prefix)
     low = prefix.lower()

@@ -10,6 +10,7 @@ destination (circuit breaking) instead of hammering a broker that is down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 from outrelay.core.config import DestinationConfig
 from outrelay.core.errors import PermanentError, RetryableError, UsageError
 from outrelay.core.retry import backoff_delay
-from outrelay.core.stores.base import Claimed, Settlement
+from outrelay.core.stores.base import Claimed, SettleKind, Settlement
 from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult, Transport
 
 if TYPE_CHECKING:
@@ -120,10 +121,8 @@ class DestinationWorker:
         """
         if self.relay.stopping:
             return
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), timeout=max(0.0, seconds))
-        except TimeoutError:
-            pass
         self.wake.clear()
 
     async def _wait_for_work(self) -> None:
@@ -157,9 +156,7 @@ class DestinationWorker:
     async def _process(self, claimed: Sequence[Claimed]) -> None:
         try:
             transport = self.transport
-            messages = [
-                Message(c.event, transport.target(c.event), c.event.stream, c.attempts + 1) for c in claimed
-            ]
+            messages = [Message(c.event, transport.target(c.event), c.event.stream, c.attempts + 1) for c in claimed]
             started = time.monotonic()
             results = await self._send(messages)
             elapsed = time.monotonic() - started
@@ -172,12 +169,16 @@ class DestinationWorker:
                 self.last_error = first.error if isinstance(first, RetryLater) else getattr(first, "reason", "")
                 await self.relay.db(self.relay.store.record_error, self.name, self.last_error, now)
                 if len(failures) == len(results) and all(isinstance(r, RetryLater) for r in failures):
-                    pause = min(s.due_at for s in settlements if s.kind == "retry") if any(
-                        s.kind == "retry" for s in settlements
-                    ) else now
+                    pause = (
+                        min(s.due_at for s in settlements if s.kind == "retry")
+                        if any(s.kind == "retry" for s in settlements)
+                        else now
+                    )
                     self.blocked_until = max(self.blocked_until, pause)
             if disable is not None:
-                log.error("destination %s disabled: %s; re-enable with `outrelay enable %s`", self.name, disable, self.name)
+                log.error(
+                    "destination %s disabled: %s; re-enable with `outrelay enable %s`", self.name, disable, self.name
+                )
                 await self.relay.db(self.relay.store.set_disabled, self.name, disable, now)
                 self.disabled = disable
             self.counts["batches"] += 1
@@ -187,9 +188,16 @@ class DestinationWorker:
             if log.isEnabledFor(logging.DEBUG):
                 for m, r in zip(messages, results, strict=True):
                     log.debug(
-                        "published %s", type(r).__name__,
-                        extra={"event_id": m.event.id, "stream": m.event.stream, "tenant": m.event.tenant,
-                               "event_type": m.event.type, "producer": m.event.source, "destination": self.name},
+                        "published %s",
+                        type(r).__name__,
+                        extra={
+                            "event_id": m.event.id,
+                            "stream": m.event.stream,
+                            "tenant": m.event.tenant,
+                            "event_type": m.event.type,
+                            "producer": m.event.source,
+                            "destination": self.name,
+                        },
                     )
         finally:
             self.slots.release()
@@ -245,11 +253,15 @@ class DestinationWorker:
                 reason = f"retries exhausted after {attempts} attempts: {r.error}"
             else:
                 reason = f"rejected: {r.reason}" if isinstance(r, Rejected) else repr(r)
-            kind = "park" if self.relay.router.parks(c.event, self.name) else "dead"
+            kind: SettleKind = "park" if self.relay.router.parks(c.event, self.name) else "dead"
             self.counts["parked" if kind == "park" else "dead_lettered"] += 1
             log.warning(
                 "destination %s: event %s (stream %s) %s: %s",
-                self.name, c.event.id, stream, "parked" if kind == "park" else "dead-lettered", reason,
+                self.name,
+                c.event.id,
+                stream,
+                "parked" if kind == "park" else "dead-lettered",
+                reason,
             )
             out.append(Settlement(c.delivery_id, stream, kind, attempts, now, reason))
         return out, disable

@@ -83,11 +83,11 @@ class Event:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         if not isinstance(self.type, str) or not _TYPE_RE.match(self.type):
-            raise EventError(
-                f"event type {self.type!r} is invalid: use 1-255 characters of letters, digits and ._:/-"
-            )
+            raise EventError(f"event type {self.type!r} is invalid: use 1-255 characters of letters, digits and ._:/-")
         if not isinstance(self.stream, str) or not self.stream or len(self.stream) > 512:
-            raise EventError(f"event stream {self.stream!r} is invalid: give a non-empty string of at most 512 characters")
+            raise EventError(
+                f"event stream {self.stream!r} is invalid: give a non-empty string of at most 512 characters"
+            )
         if not isinstance(self.id, str) or not is_valid_id(self.id):
             raise EventError(f"event id {self.id!r} is invalid: give 1-200 printable ASCII characters without spaces")
         if not isinstance(self.source, str) or not self.source:
@@ -179,8 +179,18 @@ class Event:
 
 
 _PLAIN_FIELDS = (
-    "id", "type", "stream", "source", "tenant", "correlation_id", "causation_id", "event_version",
-    "schema_version", "producer_version", "subject", "content_type",
+    "id",
+    "type",
+    "stream",
+    "source",
+    "tenant",
+    "correlation_id",
+    "causation_id",
+    "event_version",
+    "schema_version",
+    "producer_version",
+    "subject",
+    "content_type",
 )
 
 

@@ -34,12 +34,16 @@ def open_store(url: str, **options: Any) -> Store:
 
     target = Registry().stores.get(scheme)
     if target is None:
-        raise ConfigError(f"outbox url {url.split('@')[-1]!r}: unknown scheme {scheme!r}; use sqlite:///FILE or postgresql://...")
+        raise ConfigError(
+            f"outbox url {url.split('@')[-1]!r}: unknown scheme {scheme!r}; use sqlite:///FILE or postgresql://..."
+        )
     mod_name, _, attr = target.partition(":")
     try:
         cls = getattr(importlib.import_module(mod_name), attr)
     except ImportError as exc:
-        raise ConfigError(f"the {scheme} outbox needs an extra that is not installed ({exc.name}): pip install \"outrelay[postgres]\"") from None
+        raise ConfigError(
+            f'the {scheme} outbox needs an extra that is not installed ({exc.name}): pip install "outrelay[postgres]"'
+        ) from None
     store: Store = cls(url, **options)
     return store
 
@@ -123,4 +127,3 @@ class Outbox:
 
     def __repr__(self) -> str:
         return f"<Outbox {self.store!r}>"
-

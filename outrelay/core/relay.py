@@ -14,6 +14,7 @@ finished, and releases the leases of what did not; nothing is lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -160,7 +161,9 @@ class Relay:
         unsubscribe = self.outbox.add_listener(self.wake)
         unlisten = self.store.listen(self._on_store_notice)  # other processes' appends (PostgreSQL NOTIFY)
         self.workers = {
-            name: DestinationWorker(self, name, t, self.config.destinations.get(name) or DestinationConfig(transport=t.name))
+            name: DestinationWorker(
+                self, name, t, self.config.destinations.get(name) or DestinationConfig(transport=t.name)
+            )
             for name, t in self.transports.items()
         }
         tasks = [asyncio.create_task(self._route_loop(), name="outrelay-router")]
@@ -214,10 +217,8 @@ class Relay:
                 if n == cfg.route_batch:
                     continue
             timeout = 0.02 if time.monotonic() < self._fast_poll_until else cfg.poll_interval
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._route_wake.wait(), timeout=timeout)
-            except TimeoutError:
-                pass
 
     async def _retention_loop(self) -> None:
         days = self.config.outbox.retention_days

@@ -54,6 +54,5 @@ class Router:
     def parks(self, event: Event, destination: str) -> bool:
         """True when a matching route to ``destination`` says ``on_exhausted = "park"``."""
         return any(
-            r.on_exhausted == "park" and destination in r.destinations and self.matches(r, event)
-            for r in self.routes
+            r.on_exhausted == "park" and destination in r.destinations and self.matches(r, event) for r in self.routes
         )

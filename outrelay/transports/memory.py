@@ -10,6 +10,7 @@ Knobs for fault tests: ``fail_next`` (retryable failures),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
@@ -150,9 +151,7 @@ class MemoryTransport(Transport):
             return Delivered(duplicate=True)
         b.seen.add(m.event.id)
         headers = cloudevents.binary_headers(m.event)
-        b.messages[m.target].append(
-            Received(m.event, m.target, m.key, headers, m.event.data, m.event.content_type)
-        )
+        b.messages[m.target].append(Received(m.event, m.target, m.key, headers, m.event.data, m.event.content_type))
         return Delivered()
 
     async def close(self) -> None:
@@ -161,7 +160,9 @@ class MemoryTransport(Transport):
 
     async def check(self) -> str:
         await self.open()
-        return f"in-process broker {self.cfg.broker!r} ({self.broker(self.cfg.broker).statistics()['messages']} messages)"
+        return (
+            f"in-process broker {self.cfg.broker!r} ({self.broker(self.cfg.broker).statistics()['messages']} messages)"
+        )
 
     def reader(self, target: str, **options: Any) -> Reader:
         return MemoryReader(self.broker(self.cfg.broker), target)
@@ -190,10 +191,8 @@ class MemoryReader(Reader):
                 self._pos += len(out)
                 return out
             self._event.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._event.wait(), timeout=max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                pass
 
     async def stop(self) -> None:
         if self._event in self.broker.waiters:

@@ -69,7 +69,9 @@ class TestErrors:
 
     def test_bad_emit_data(self, cli: Cli, project: Path) -> None:
         """Invalid --data JSON is a one-line error."""
-        assert_one_line_error(cli("emit", "--type", "t", "--stream", "s", "--data", "{nope"), "--data is not valid JSON")
+        assert_one_line_error(
+            cli("emit", "--type", "t", "--stream", "s", "--data", "{nope"), "--data is not valid JSON"
+        )
 
     def test_bad_event_type(self, cli: Cli, project: Path) -> None:
         """An invalid event type is a one-line error and nothing is appended."""
@@ -79,7 +81,10 @@ class TestErrors:
 class TestWorkflow:
     def test_emit_run_status(self, cli: Cli, project: Path) -> None:
         """Emitted events are relayed by `run --drain` and counted by `status --json`."""
-        assert cli("emit", "--type", "workflow.created", "--stream", "wf-1", "--data", '{"a": 1}', "-n", "25").returncode == 0
+        assert (
+            cli("emit", "--type", "workflow.created", "--stream", "wf-1", "--data", '{"a": 1}', "-n", "25").returncode
+            == 0
+        )
         st = orjson.loads(cli("status", "--json").stdout)
         assert st["unrouted"] == 25
         proc = cli("run", "--drain")
@@ -130,13 +135,37 @@ class TestWorkflow:
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert [line.split()[0] for line in proc.stdout.strip().splitlines()] == ["ok", "ok", "ok"]
         names = {t["name"] for t in orjson.loads(cli("transports", "--json").stdout)}
-        assert {"memory", "file", "webhook", "kafka", "nats", "rabbitmq", "redis", "sns", "sqs", "pubsub",
-                "servicebus", "pulsar"} <= names
+        assert {
+            "memory",
+            "file",
+            "webhook",
+            "kafka",
+            "nats",
+            "rabbitmq",
+            "redis",
+            "sns",
+            "sqs",
+            "pubsub",
+            "servicebus",
+            "pulsar",
+        } <= names
 
     def test_help_everywhere(self, cli: Cli) -> None:
         """Every command answers --help."""
-        for cmd in ("run", "emit", "status", "check", "transports", "demo", "conformance", "migrate", "replay",
-                    "enable", "disable", "dlq"):
+        for cmd in (
+            "run",
+            "emit",
+            "status",
+            "check",
+            "transports",
+            "demo",
+            "conformance",
+            "migrate",
+            "replay",
+            "enable",
+            "disable",
+            "dlq",
+        ):
             assert cli(cmd, "--help").returncode == 0, cmd
         for sub in ("list", "show", "replay", "purge"):
             assert cli("dlq", sub, "--help").returncode == 0, sub

@@ -56,9 +56,9 @@ on_exhausted = "park"
             ('[outbox\nurl="x"', "invalid TOML"),
             ('[destinations.h]\ntransport = "webhook"\nsecret = "${OUTRELAY_TEST_UNSET_Y}"', "OUTRELAY_TEST_UNSET_Y"),
             ('[[routes]]\ndestinations = ["nowhere"]', "'nowhere', which is not defined"),
-            ('[relay]\npoll_intervall = 1', "unknown option"),
+            ("[relay]\npoll_intervall = 1", "unknown option"),
             ('[destinations.h]\ntransport = "file"\n[destinations.h.retry]\nmax_attempts = 0', "max_attempts"),
-            ('[[routes]]\ndestinations = []', "at least one destination"),
+            ("[[routes]]\ndestinations = []", "at least one destination"),
         ],
     )
     def test_errors_are_one_line_with_file(self, tmp_path: Path, text: str, needle: str) -> None:

@@ -63,8 +63,18 @@ class TestEvent:
     def test_attributes_round_trip(self) -> None:
         """attributes()/from_attributes() rebuild an equal event."""
         e = Event(
-            type="t", stream="s", data=b"x", tenant="acme", correlation_id="c", causation_id="k", subject="sub",
-            labels={"a": "b"}, tags=("x", "y"), metadata={"m": "n"}, event_version=3, schema_version="2",
+            type="t",
+            stream="s",
+            data=b"x",
+            tenant="acme",
+            correlation_id="c",
+            causation_id="k",
+            subject="sub",
+            labels={"a": "b"},
+            tags=("x", "y"),
+            metadata={"m": "n"},
+            event_version=3,
+            schema_version="2",
             producer_version="1.2",
         )
         assert Event.from_attributes(e.attributes(), e.data, 7) == e.replace(sequence=7)

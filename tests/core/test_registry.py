@@ -10,7 +10,7 @@ import pytest
 
 from outrelay import ConfigError, MissingExtraError, Registry, UnknownTransportError
 
-PLUGIN = '''
+PLUGIN = """
 from collections.abc import Sequence
 from outrelay import Delivered, Message, SendResult, Transport, TransportConfig, hookimpl
 
@@ -33,7 +33,7 @@ class EchoTransport(Transport):
 def outrelay_add_transports(registry):
     registry.add_transport("echo", EchoTransport)
     registry.add_transport("needs-lib", "nowhere:X", requires=("outrelay_no_such_lib",), extra="nolib")
-'''
+"""
 
 
 @pytest.fixture
@@ -55,8 +55,20 @@ class TestRegistry:
     def test_builtins_registered(self) -> None:
         """Every first-party transport is registered."""
         names = set(Registry().transports)
-        assert {"memory", "file", "webhook", "kafka", "nats", "rabbitmq", "redis", "sns", "sqs", "pubsub",
-                "servicebus", "pulsar"} <= names
+        assert {
+            "memory",
+            "file",
+            "webhook",
+            "kafka",
+            "nats",
+            "rabbitmq",
+            "redis",
+            "sns",
+            "sqs",
+            "pubsub",
+            "servicebus",
+            "pulsar",
+        } <= names
 
     def test_builtins_without_autoload(self) -> None:
         """OUTRELAY_DISABLE_PLUGIN_AUTOLOAD keeps the built-ins and drops third parties."""
@@ -84,7 +96,7 @@ class TestRegistry:
 
     def test_unknown_transport(self) -> None:
         """An unknown transport name lists the installed ones."""
-        with pytest.raises(UnknownTransportError, match="installed transports: .*memory"):
+        with pytest.raises(UnknownTransportError, match=r"installed transports: .*memory"):
             Registry().transport_spec("nope")
 
     def test_misspelt_hook_is_an_error(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,7 +112,7 @@ class TestRegistry:
         (dist / "entry_points.txt").write_text("[outrelay]\ntypo = typo_plugin\n")
         monkeypatch.syspath_prepend(str(site))
         try:
-            with pytest.raises(Exception, match="outrelay_add_transport"):
+            with pytest.raises(Exception, match=r"outrelay_add_transport"):
                 Registry()
         finally:
             sys.modules.pop("typo_plugin", None)

@@ -19,7 +19,12 @@ FAST = {"initial_delay": 0.01, "max_delay": 0.05, "jitter": 0.0}
 def config(tmp_path: Path, destinations: dict[str, Any] | None = None, **extra: Any) -> Any:
     dests = destinations or {"mem": {"transport": "memory", "broker": "b", "retry": FAST}}
     return parse_config(
-        {"outbox": {"url": f"sqlite:///{tmp_path}/o.db"}, "relay": {"poll_interval": 0.05}, "destinations": dests, **extra}
+        {
+            "outbox": {"url": f"sqlite:///{tmp_path}/o.db"},
+            "relay": {"poll_interval": 0.05},
+            "destinations": dests,
+            **extra,
+        }
     )
 
 
@@ -69,7 +74,9 @@ class TestDelivery:
             tmp_path, {"mem": {"transport": "memory", "broker": "b", "reject_types": ["bad.type"], "retry": FAST}}
         )
         outbox = Outbox.open(cfg.outbox.url)
-        outbox.append([Event(type="ok", stream="s1", data={"i": 0}), Event(type="bad.type", stream="s1", data={"i": 1})])
+        outbox.append(
+            [Event(type="ok", stream="s1", data={"i": 0}), Event(type="bad.type", stream="s1", data={"i": 1})]
+        )
         outbox.append([Event(type="ok", stream="s1", data={"i": 2}), Event(type="ok", stream="s2", data={"i": 3})])
         summary = await Relay(outbox, cfg).run(drain=True)
         assert per_stream() == {"s1": [0, 2], "s2": [3]}
@@ -213,7 +220,8 @@ class TestLifecycle:
     async def test_stop_releases_in_flight(self, tmp_path: Path) -> None:
         """Stopping mid-send finishes or releases in-flight work; a new relay delivers the rest."""
         cfg = config(
-            tmp_path, {"mem": {"transport": "memory", "broker": "b", "latency": 0.05, "batch_size": 20}},
+            tmp_path,
+            {"mem": {"transport": "memory", "broker": "b", "latency": 0.05, "batch_size": 20}},
             relay={"poll_interval": 0.05, "shutdown_grace": 0.01},
         )
         outbox = Outbox.open(cfg.outbox.url)

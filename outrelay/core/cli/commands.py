@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from pathlib import Path
@@ -11,7 +12,16 @@ from typing import Any
 import orjson
 import typer
 
-from outrelay.core.cli._common import ConfigOption, config_context, console, err_console, load, mask, secrets_of, setup_logging
+from outrelay.core.cli._common import (
+    ConfigOption,
+    config_context,
+    console,
+    err_console,
+    load,
+    mask,
+    secrets_of,
+    setup_logging,
+)
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError, OutrelayError
 from outrelay.core.outbox import Outbox
@@ -133,10 +143,21 @@ def status(
         table.add_column(col)
     for d in docs:
         age = "-" if d["oldest_pending_age"] is None else f"{d['oldest_pending_age']:.0f}s"
-        state = f"DISABLED: {d['disabled']}" if d["disabled"] else (f"error: {d['last_error']}" if d["last_error"] else "ok")
+        state = (
+            f"DISABLED: {d['disabled']}"
+            if d["disabled"]
+            else (f"error: {d['last_error']}" if d["last_error"] else "ok")
+        )
         table.add_row(
-            d["destination"], d["transport"], str(d["pending"]), str(d["in_retry"]), str(d["dead_lettered"]),
-            str(d["parked_streams"]), str(d["delivered"]), age, state,
+            d["destination"],
+            d["transport"],
+            str(d["pending"]),
+            str(d["in_retry"]),
+            str(d["dead_lettered"]),
+            str(d["parked_streams"]),
+            str(d["delivered"]),
+            age,
+            state,
         )
     console.print(table)
 
@@ -181,10 +202,8 @@ async def _probe(transport: Any, timeout: float) -> str:
     except Exception as exc:  # a transport that leaked a vendor error: still one line
         raise RetryableError(f"{type(exc).__name__}: {exc}") from None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             await transport.close()
-        except Exception:
-            pass
 
 
 def transports(as_json: bool = typer.Option(False, "--json")) -> None:
@@ -209,14 +228,14 @@ def transports(as_json: bool = typer.Option(False, "--json")) -> None:
         console.print_json(orjson.dumps(docs).decode())
         return
     for d in docs:
-        caps = d.get("capabilities")
-        if isinstance(caps, dict):
-            flags = [k for k in ("ordering_by_key", "ordered_batches", "native_dedupe", "reader") if caps.get(k)]
-            extra = f"  [{', '.join(flags)}; batch<={caps['max_batch_count']}; modes={','.join(caps['cloudevents_modes'])}]"
-        elif caps:
-            extra = f"  [{caps}]"
+        info = d.get("capabilities")
+        if isinstance(info, dict):
+            flags = [k for k in ("ordering_by_key", "ordered_batches", "native_dedupe", "reader") if info.get(k)]
+            extra = (
+                f"  [{', '.join(flags)}; batch<={info['max_batch_count']}; modes={','.join(info['cloudevents_modes'])}]"
+            )
+        elif info:
+            extra = f"  [{info}]"
         else:
             extra = ""
         console.print(f"{d['name']:<11} {d['origin']:<28} {d['status']}{extra}", markup=False)
-
-

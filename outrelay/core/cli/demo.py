@@ -143,7 +143,9 @@ async def _demo(base: Path, n_events: int, n_streams: int) -> bool:
         return _verify(receiver, summary, n_events, elapsed, base, cfg_path, audit)
 
 
-def _verify(receiver: Any, summary: Any, n_events: int, elapsed: float, base: Path, cfg_path: Path, audit: Path) -> bool:
+def _verify(
+    receiver: Any, summary: Any, n_events: int, elapsed: float, base: Path, cfg_path: Path, audit: Path
+) -> bool:
     requests = list(receiver.requests)
     bad_sig = [r for r in requests if not r.verified]
     seen: dict[str, list[int]] = defaultdict(list)
@@ -160,14 +162,19 @@ def _verify(receiver: Any, summary: Any, n_events: int, elapsed: float, base: Pa
     in_order = all(v == sorted(v) for v in first.values())
     audit_lines = sum(1 for _ in audit.open("rb")) if audit.exists() else 0
     rate = n_events / elapsed if elapsed > 0 else float("inf")
-    console.print(f"  delivered {unique}/{n_events} unique events to the webhook in {elapsed:.2f}s ({rate:,.0f} events/s)")
+    console.print(
+        f"  delivered {unique}/{n_events} unique events to the webhook in {elapsed:.2f}s ({rate:,.0f} events/s)"
+    )
     console.print(f"  verified  {len(requests) - len(bad_sig)}/{len(requests)} signatures")
     console.print(f"  order     {'kept in every stream' if in_order else 'VIOLATED'} ({len(first)} streams)")
     console.print(f"  audit     {audit_lines} CloudEvents lines in {audit}")
     ok = not bad_sig and unique == n_events and in_order and summary.remaining == 0 and audit_lines >= n_events
     if ok:
         console.print("[green]✓ every event arrived, signed and in order.[/]")
-        console.print(f"  next: outrelay status -c {cfg_path}   ·   outrelay emit -c {cfg_path} --type workflow.created --stream wf-x")
+        console.print(
+            f"  next: outrelay status -c {cfg_path}   ·   "
+            f"outrelay emit -c {cfg_path} --type workflow.created --stream wf-x"
+        )
     else:
         err_console.print("outrelay: demo verification failed (see the lines above)", markup=False)
     _ = base

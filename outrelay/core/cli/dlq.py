@@ -62,7 +62,11 @@ def show(
     cfg = load(config)
     with Outbox.open(cfg.outbox.url) as outbox:
         dl = outbox.store.dead_letter(dl_id)
-    doc = {**dl.summary(), "reason": mask(dl.reason, secrets_of(cfg)), "event": orjson.loads(cloudevents.to_structured(dl.event))}
+    doc = {
+        **dl.summary(),
+        "reason": mask(dl.reason, secrets_of(cfg)),
+        "event": orjson.loads(cloudevents.to_structured(dl.event)),
+    }
     console.print_json(orjson.dumps(doc).decode())
 
 

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from outrelay.core.envelope import Event
 
-__all__ = ["Claimed", "DeadLetter", "DestinationStatus", "Settlement", "Store"]
+__all__ = ["Claimed", "DeadLetter", "DestinationStatus", "SettleKind", "Settlement", "Store"]
 
 SettleKind = Literal["delivered", "retry", "dead", "park", "hold"]
 

@@ -160,7 +160,9 @@ class SQLiteStore(Store):
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._lockfile = fd
         with self._tx() as db:  # whatever a crashed predecessor leased is free again
-            db.execute("UPDATE outrelay_lanes SET owner = NULL, due_at = MIN(due_at, ?) WHERE owner IS NOT NULL", (0.0,))
+            db.execute(
+                "UPDATE outrelay_lanes SET owner = NULL, due_at = MIN(due_at, ?) WHERE owner IS NOT NULL", (0.0,)
+            )
 
     def release_relay(self, owner: str) -> None:
         with self._tx() as db:
@@ -172,10 +174,9 @@ class SQLiteStore(Store):
     def route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
         with self._tx() as db:
             static = getattr(router, "static_destinations", None)
+            columns = "seq, stream, NULL, NULL" if static is not None else "seq, stream, attrs, data"
             rows = db.execute(
-                f"SELECT seq, stream, {'NULL' if static is not None else 'attrs'}, "
-                f"{'NULL' if static is not None else 'data'} FROM outrelay_events WHERE routed = 0 ORDER BY seq LIMIT ?",
-                (limit,),
+                f"SELECT {columns} FROM outrelay_events WHERE routed = 0 ORDER BY seq LIMIT ?", (limit,)
             ).fetchall()
             if not rows:
                 return 0
@@ -257,8 +258,15 @@ class SQLiteStore(Store):
                         "INSERT INTO outrelay_dead_letters (event_seq, destination, stream, reason, attempts, "
                         "first_attempt_at, failed_at, state, delivery_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
-                            row[0], destination, s.stream, s.error or "", s.attempts, row[1] or now, now,
-                            "dead" if s.kind == "dead" else "parked", s.delivery_id if s.kind == "park" else None,
+                            row[0],
+                            destination,
+                            s.stream,
+                            s.error or "",
+                            s.attempts,
+                            row[1] or now,
+                            now,
+                            "dead" if s.kind == "dead" else "parked",
+                            s.delivery_id if s.kind == "park" else None,
                         ),
                     )
                     if s.kind == "dead":
@@ -289,9 +297,7 @@ class SQLiteStore(Store):
                 )
 
     def next_due(self, destination: str) -> float | None:
-        row = self._q(
-            "SELECT MIN(due_at) FROM outrelay_lanes WHERE destination = ? AND parked = 0", (destination,)
-        )
+        row = self._q("SELECT MIN(due_at) FROM outrelay_lanes WHERE destination = ? AND parked = 0", (destination,))
         return None if row[0][0] is None else float(row[0][0])
 
     def unrouted(self) -> int:
@@ -310,9 +316,7 @@ class SQLiteStore(Store):
             dead = self._q(
                 "SELECT COUNT(*) FROM outrelay_dead_letters WHERE destination = ? AND state = 'dead'", (dest,)
             )[0][0]
-            parked = self._q(
-                "SELECT COUNT(*) FROM outrelay_lanes WHERE destination = ? AND parked = 1", (dest,)
-            )[0][0]
+            parked = self._q("SELECT COUNT(*) FROM outrelay_lanes WHERE destination = ? AND parked = 1", (dest,))[0][0]
             row = self._q(
                 "SELECT delivered, last_error, last_error_at, disabled FROM outrelay_destinations "
                 "WHERE destination = ?",
@@ -321,8 +325,16 @@ class SQLiteStore(Store):
             delivered, err, err_at, disabled = row[0] if row else (0, None, None, None)
             out.append(
                 DestinationStatus(
-                    dest, pending, in_retry, dead, parked, delivered,
-                    None if oldest is None else max(0.0, now - oldest), err, err_at, disabled,
+                    dest,
+                    pending,
+                    in_retry,
+                    dead,
+                    parked,
+                    delivered,
+                    None if oldest is None else max(0.0, now - oldest),
+                    err,
+                    err_at,
+                    disabled,
                 )
             )
         return out
@@ -376,7 +388,10 @@ class SQLiteStore(Store):
     def _select_dead(
         self, db: sqlite3.Connection, ids: Sequence[int] | None, destination: str | None
     ) -> list[tuple[int, int, str, str, str, int | None]]:
-        sql = "SELECT id, event_seq, destination, stream, state, delivery_id FROM outrelay_dead_letters WHERE state IN ('dead','parked')"
+        sql = (
+            "SELECT id, event_seq, destination, stream, state, delivery_id FROM outrelay_dead_letters "
+            "WHERE state IN ('dead','parked')"
+        )
         args: list[Any] = []
         if ids is not None:
             sql += f" AND id IN ({','.join('?' * len(ids))})"
