@@ -86,10 +86,14 @@ def migrate(
         Outbox.open(url).close()
         console.print("schema is up to date", markup=False)
         return
-    from outrelay.core.stores import postgres  # type: ignore[attr-defined]
-
+    try:
+        from outrelay.core.stores.postgres import PostgresStore
+        from outrelay.core.stores.postgres_pool import parse_url
+    except ImportError as exc:
+        raise ConfigError(f'the PostgreSQL outbox needs {exc.name}: pip install "outrelay[postgres]"') from None
     if sql:
-        console.print(postgres.migration_sql_for_url(url), markup=False)
+        _, opts = parse_url(url, {})
+        console.print(PostgresStore.migration_sql(opts["schema"], opts["prefix"]), markup=False)
     else:
         Outbox.open(url).close()
         console.print("schema is up to date", markup=False)
