@@ -46,6 +46,8 @@ def run(
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     log_format: str = typer.Option("text", "--log-format", help="text or json."),
+    metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus /metrics on this port (0: off)."),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address for --metrics-port."),
 ) -> None:
     """Run the relay in the foreground until SIGINT/SIGTERM (or, with --drain, until idle)."""
     cfg = load(config)
@@ -57,7 +59,23 @@ def run(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, relay.stop)
-        return await relay.run(drain=drain)
+        server = None
+        if metrics_port:
+            from outrelay.plugins.metrics import Metrics, serve_metrics
+
+            metrics = Metrics()
+            relay.registry.pm.register(metrics)
+            try:
+                server = await serve_metrics(relay, metrics, metrics_host, metrics_port)
+            except OSError as exc:
+                raise ConfigError(
+                    f"--metrics-port {metrics_port}: cannot listen on {metrics_host}: {exc.strerror}"
+                ) from None
+        try:
+            return await relay.run(drain=drain)
+        finally:
+            if server is not None:
+                server.close()
 
     summary = asyncio.run(main())
     delivered = sum(c["delivered"] for c in summary.counts.values())
