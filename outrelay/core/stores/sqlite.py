@@ -217,13 +217,17 @@ class SQLiteStore(Store):
                 room = min(per_lane, limit - len(out))
                 if room <= 0:
                     break
-                leased.append(stream)
-                for d_id, attempts, first, seq, attrs, data in db.execute(
+                rows = db.execute(
                     "SELECT d.id, d.attempts, d.first_attempt_at, e.seq, e.attrs, e.data "
                     "FROM outrelay_deliveries d JOIN outrelay_events e ON e.seq = d.event_seq "
                     "WHERE d.destination = ? AND d.stream = ? ORDER BY d.id LIMIT ?",
                     (destination, stream, room),
-                ):
+                ).fetchall()
+                if not rows:  # an empty lane must not occupy the head of the queue
+                    db.execute("DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ?", (destination, stream))
+                    continue
+                leased.append(stream)
+                for d_id, attempts, first, seq, attrs, data in rows:
                     out.append(Claimed(d_id, self._event(seq, attrs, data), attempts, first))
             db.executemany(
                 "UPDATE outrelay_lanes SET owner = ?, due_at = ? WHERE destination = ? AND stream = ?",
@@ -238,9 +242,10 @@ class SQLiteStore(Store):
             for s in settlements:
                 due, parked, removed = lanes.get(s.stream, (now, False, 0))
                 if s.kind == "delivered":
-                    db.execute("DELETE FROM outrelay_deliveries WHERE id = ?", (s.delivery_id,))
-                    removed += 1
-                    delivered += 1
+                    # rowcount, not 1: a relay whose lease ran out may settle a row another already removed
+                    gone = db.execute("DELETE FROM outrelay_deliveries WHERE id = ?", (s.delivery_id,)).rowcount
+                    removed += gone
+                    delivered += gone
                 elif s.kind == "retry":
                     db.execute(
                         "UPDATE outrelay_deliveries SET attempts = ?, last_error = ?, "
@@ -270,8 +275,7 @@ class SQLiteStore(Store):
                         ),
                     )
                     if s.kind == "dead":
-                        db.execute("DELETE FROM outrelay_deliveries WHERE id = ?", (s.delivery_id,))
-                        removed += 1
+                        removed += db.execute("DELETE FROM outrelay_deliveries WHERE id = ?", (s.delivery_id,)).rowcount
                     else:
                         db.execute(
                             "UPDATE outrelay_deliveries SET attempts = ?, last_error = ? WHERE id = ?",
@@ -280,10 +284,15 @@ class SQLiteStore(Store):
                         parked = True
                 lanes[s.stream] = (due, parked, removed)
             for stream, (due, parked, removed) in lanes.items():
+                if removed:
+                    db.execute(
+                        "UPDATE outrelay_lanes SET pending = pending - ? WHERE destination = ? AND stream = ?",
+                        (removed, destination, stream),
+                    )
                 db.execute(
-                    "UPDATE outrelay_lanes SET pending = pending - ?, owner = NULL, due_at = ?, parked = ? "
+                    "UPDATE outrelay_lanes SET owner = NULL, due_at = ?, parked = ? "
                     "WHERE destination = ? AND stream = ? AND owner = ?",
-                    (removed, due, int(parked), destination, stream, owner),
+                    (due, int(parked), destination, stream, owner),
                 )
                 db.execute(
                     "DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ? AND pending <= 0",
