@@ -17,9 +17,13 @@ provides one fixture, ``conformance_target``, returning a
             )
 
 Every check passes, fails, or skips with a reason derived from the
-transport's declared :class:`~outrelay.Capabilities`. ``outrelay
-conformance --config FILE --destination NAME`` runs the same suite against a
-configured destination.
+transport's declared :class:`~outrelay.Capabilities`. Each check runs in its
+own event loop (``asyncio.run``), so the suite needs no asyncio pytest
+plugin; the callables of :class:`ConformanceTarget` are called inside that
+loop, so create loop-bound clients inside them, not in the fixture.
+``outrelay conformance --config FILE --destination NAME`` runs the same
+suite against a configured destination (:mod:`outrelay.conformance.runner`).
+The checks are listed in :data:`CHECKS` (name -> one-sentence description).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Awaitable, Callable
 
 from outrelay.core.transport import Transport
 
-__all__ = ["ConformanceSuite", "ConformanceTarget"]
+__all__ = ["CHECKS", "ConformanceSuite", "ConformanceTarget"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +50,13 @@ class ConformanceTarget:
       skips those checks with a reason.
     * ``label`` — what the peer is, shown in the report (say so when it is a
       test double of the wire protocol rather than the real service).
+    * ``read_timeout`` — how long a check waits for messages to be read back.
+    * ``timeout`` — the bound on every single ``open``/``send``/``close``/
+      ``check`` call; a call that takes longer fails the check as a hang.
+    * ``isolated`` — ``True`` when every check gets a target of its own.
+      ``False`` means ``make_transport`` ignores its argument and all checks
+      share one pre-existing target: readers then ignore messages the check
+      did not send, and checks that need their own target skip.
     """
 
     make_transport: Callable[[str], Transport]
@@ -53,6 +64,9 @@ class ConformanceTarget:
     make_unreachable: Callable[[str], Transport] | None = None
     label: str = ""
     read_timeout: float = 15.0
+    timeout: float = 10.0
+    isolated: bool = True
 
 
+from outrelay.conformance._harness import CHECKS  # noqa: E402
 from outrelay.conformance.suite import ConformanceSuite  # noqa: E402

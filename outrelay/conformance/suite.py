@@ -1,7 +1,155 @@
-"""The checks (placeholder until the suite lands)."""
+"""The conformance suite as a test class a transport author subclasses.
+
+::
+
+    class TestMyTransport(ConformanceSuite):
+        @pytest.fixture
+        def conformance_target(self) -> ConformanceTarget:
+            return ConformanceTarget(make_transport=lambda target: MyTransport(MyConfig(topic=target)))
+
+Each ``test_<check>`` method runs one check of :data:`~outrelay.conformance.CHECKS`
+against a fresh target (``orconf-<check>-<uuid8>``), so checks are isolated
+and can run in any order. A check passes, fails with a message saying what
+the transport did wrong, or skips with the reason (a capability the transport
+does not declare, or a missing ``make_unreachable``). Override a method to
+adapt one check (e.g. mark it ``xfail`` with the reason) — the report still
+lists it. Every call into the transport is bounded by
+``ConformanceTarget.timeout`` and every read by ``read_timeout``, so a broken
+transport fails fast instead of hanging the run.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from outrelay.conformance import ConformanceTarget, _checks_fidelity, _checks_flow, _checks_lifecycle
+from outrelay.conformance._harness import run_check
+
+__all__ = ["ConformanceSuite"]
+
+CT = ConformanceTarget
+Req = pytest.FixtureRequest
+_REGISTERED = (_checks_fidelity, _checks_flow, _checks_lifecycle)  # importing them registers the checks
+
 
 class ConformanceSuite:
-    """Subclass in a test module and provide a ``conformance_target`` fixture."""
+    """Subclass in a test module and provide a ``conformance_target`` fixture
+    returning a :class:`~outrelay.conformance.ConformanceTarget`."""
+
+    # -- Fidelity ----------------------------------------------------------------------------------
+
+    def test_payload_empty(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """An event with empty data is delivered and read back with empty data."""
+        run_check(conformance_target, "payload_empty", tmp_path, request.node)
+
+    def test_payload_binary(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Binary data that is not UTF-8 (every byte value, NULs included) round-trips byte for byte."""
+        run_check(conformance_target, "payload_binary", tmp_path, request.node)
+
+    def test_payload_unicode(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Text data with non-ASCII characters (accents, CJK, emoji) round-trips as the same UTF-8 bytes."""
+        run_check(conformance_target, "payload_unicode", tmp_path, request.node)
+
+    def test_payload_json(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Compact JSON data round-trips byte for byte and decodes to the same value."""
+        run_check(conformance_target, "payload_json", tmp_path, request.node)
+
+    def test_payload_max_size(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Data of exactly the declared max_message_bytes is delivered and read back intact."""
+        run_check(conformance_target, "payload_max_size", tmp_path, request.node)
+
+    def test_payload_over_max_rejected(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Data one byte over max_message_bytes is Rejected (permanent) and never delivered."""
+        run_check(conformance_target, "payload_over_max_rejected", tmp_path, request.node)
+
+    def test_metadata_roundtrip(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Metadata (string map passed through as headers/extensions) round-trips exactly, keys and values."""
+        run_check(conformance_target, "metadata_roundtrip", tmp_path, request.node)
+
+    def test_content_type(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """The content type of each event (JSON, text with charset, binary, vendor types) comes back unchanged."""
+        run_check(conformance_target, "content_type", tmp_path, request.node)
+
+    def test_cloudevents_envelope(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Every envelope field (id, type, source, time, stream, tenant, ids, versions, subject, labels, tags, content
+        type, metadata, sequence) round-trips, and unset optional fields come back unset."""
+        run_check(conformance_target, "cloudevents_envelope", tmp_path, request.node)
+
+    def test_cloudevents_binding(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """The raw headers/body decode with the CloudEvents binding, in a declared mode, to the event that was sent."""
+        run_check(conformance_target, "cloudevents_binding", tmp_path, request.node)
+
+    def test_unicode_attributes(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Non-ASCII stream, subject, tenant, labels and metadata round-trip exactly."""
+        run_check(conformance_target, "unicode_attributes", tmp_path, request.node)
+
+    def test_event_id(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Event ids of every allowed shape (UUIDv7, 200 characters, punctuation) come back as sent."""
+        run_check(conformance_target, "event_id", tmp_path, request.node)
+
+    def test_ordering_key(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """The ordering key the reader reports (Received.key) is the event's stream."""
+        run_check(conformance_target, "ordering_key", tmp_path, request.node)
+
+    # -- Batches, order, concurrency, dedupe, end to end -------------------------------------------
+
+    def test_batch_send(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """A batch of several messages gives one Delivered per message, in order, and all are read back."""
+        run_check(conformance_target, "batch_send", tmp_path, request.node)
+
+    def test_batch_partial_failure(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """In a batch with one oversized message, that one is Rejected and every other message is Delivered."""
+        run_check(conformance_target, "batch_partial_failure", tmp_path, request.node)
+
+    def test_ordered_batch_halts_key(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """With ordered_batches, once a message of a key fails no later message of that key in the batch is delivered
+        (RetryLater), while other keys go through."""
+        run_check(conformance_target, "ordered_batch_halts_key", tmp_path, request.node)
+
+    def test_per_key_order(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Order per key holds with 16 keys interleaved, several concurrent send() calls in flight (each with different
+        keys), and several messages per key in one batch when ordered_batches is declared."""
+        run_check(conformance_target, "per_key_order", tmp_path, request.node)
+
+    def test_concurrent_senders(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Eight tasks sending on one transport at once lose, duplicate and (per key) reorder nothing."""
+        run_check(conformance_target, "concurrent_senders", tmp_path, request.node)
+
+    def test_dedupe_same_id(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """With native_dedupe, sending the same event id twice is accepted both times and read back once."""
+        run_check(conformance_target, "dedupe_same_id", tmp_path, request.node)
+
+    def test_end_to_end_relay(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Outbox (SQLite) -> Relay.run(drain=True) -> transport -> reader: a few hundred events over several streams
+        all arrive, each once, in order per stream when ordering_by_key."""
+        run_check(conformance_target, "end_to_end_relay", tmp_path, request.node)
+
+    # -- Lifecycle and error classification --------------------------------------------------------
+
+    def test_open_close(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """open(), send and read one message, then close() completes without error."""
+        run_check(conformance_target, "open_close", tmp_path, request.node)
+
+    def test_close_twice(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """close() is idempotent: on a never-opened transport, and twice after open()."""
+        run_check(conformance_target, "close_twice", tmp_path, request.node)
+
+    def test_send_after_close(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """send() after close() raises outrelay.UsageError instead of sending or hanging."""
+        run_check(conformance_target, "send_after_close", tmp_path, request.node)
+
+    def test_start_while_broker_down(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Against a broker that is down, open() raises RetryableError within the bound, or (lazy connect) send()
+        reports RetryLater/raises RetryableError; close() then works."""
+        run_check(conformance_target, "start_while_broker_down", tmp_path, request.node)
+
+    def test_check_unreachable(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """check() against a broker that is down raises a TransportError with a message, within the bound."""
+        run_check(conformance_target, "check_unreachable", tmp_path, request.node)
+
+    def test_malformed_target(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """A target the broker cannot accept (spaces, NUL, wildcards) yields outrelay errors or per-message results,
+        never a vendor exception or a hang."""
+        run_check(conformance_target, "malformed_target", tmp_path, request.node)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -185,6 +185,12 @@ class Transport(ABC):
 
     name: ClassVar[str]
     Config: ClassVar[type[TransportConfig]] = TransportConfig
+    #: for ``outrelay conformance``: the config option holding the target
+    #: (None: guessed from target/topic/subject/queue/... names)
+    conformance_target_option: ClassVar[str | None] = None
+    #: for ``outrelay conformance``: options that make the transport unreachable
+    #: (None: the broker-down checks skip with a reason)
+    conformance_unreachable_options: ClassVar[Mapping[str, Any] | None] = None
 
     def __init__(self, config: TransportConfig, *, destination: str = "default") -> None:
         self.config = config

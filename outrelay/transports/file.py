@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
-from outrelay.core.errors import RetryableError, UsageError
+from outrelay.core.errors import PermanentError, RetryableError, UsageError
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.templates import Template
 from outrelay.core.transport import (
@@ -25,6 +26,7 @@ from outrelay.core.transport import (
     Message,
     Reader,
     Received,
+    Rejected,
     RetryLater,
     SendResult,
     Transport,
@@ -53,6 +55,7 @@ class FileTransport(Transport):
         self.cfg: FileConfig = config
         self._template = Template(config.path, where=f"destinations.{destination}.path")
         self._files: dict[str, IO[bytes]] = {}
+        self._lock = threading.Lock()
         self._state = "new"
 
     @property
@@ -66,6 +69,10 @@ class FileTransport(Transport):
         self._state = "open"
 
     def _write(self, batch: Sequence[Message]) -> list[SendResult]:
+        with self._lock:  # concurrent send() calls share the open handles
+            return self._write_locked(batch)
+
+    def _write_locked(self, batch: Sequence[Message]) -> list[SendResult]:
         results: list[SendResult] = []
         touched: set[str] = set()
         failed: set[str] = set()
@@ -84,6 +91,9 @@ class FileTransport(Transport):
             except OSError as exc:
                 failed.add(m.key)
                 results.append(RetryLater(f"cannot write {m.target}: {exc.strerror}"))
+            except ValueError as exc:  # e.g. a NUL byte in the rendered path: no retry will help
+                failed.add(m.key)
+                results.append(Rejected(f"invalid file path {m.target!r}: {exc}"))
         for target in touched:
             fh = self._files[target]
             try:
@@ -100,17 +110,25 @@ class FileTransport(Transport):
         return await asyncio.to_thread(self._write, batch)
 
     async def close(self) -> None:
-        for fh in self._files.values():
-            fh.close()
-        self._files.clear()
+        with self._lock:
+            for fh in self._files.values():
+                fh.close()
+            self._files.clear()
         if self._state == "open":
             self._state = "closed"
 
     async def check(self) -> str:
         path = Path(self._template.render(Event(type="check", stream="check")))
-        parent = path.parent if str(path.parent) else Path(".")
-        if not os.access(parent if parent.exists() else Path("."), os.W_OK):
-            raise RetryableError(f"directory {str(parent)!r} is not writable", destination=self.destination)
+        existing = path.parent
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise PermanentError(
+                f"{str(existing)!r} is not a directory, so {str(path)!r} cannot be created; fix `path`",
+                destination=self.destination,
+            )
+        if not os.access(existing, os.W_OK):
+            raise RetryableError(f"directory {str(existing)!r} is not writable", destination=self.destination)
         return f"writes to {self.cfg.path}"
 
     def reader(self, target: str, **options: Any) -> Reader:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from outrelay.core import cloudevents
@@ -47,6 +47,7 @@ class MemoryConfig(TransportConfig):
     dedupe: bool = True
     reject_types: tuple[str, ...] = ()
     latency: float = 0.0
+    down: bool = False
 
 
 @dataclasses.dataclass
@@ -78,6 +79,7 @@ class MemoryTransport(Transport):
 
     name = "memory"
     Config = MemoryConfig
+    conformance_unreachable_options: ClassVar[Mapping[str, Any] | None] = {"down": True}
     _brokers: ClassVar[dict[str, MemoryBroker]] = {}
 
     def __init__(self, config: MemoryConfig | None = None, *, destination: str = "memory") -> None:
@@ -110,7 +112,7 @@ class MemoryTransport(Transport):
     async def open(self) -> None:
         from outrelay.core.errors import RetryableError
 
-        if self.broker(self.cfg.broker).down:
+        if self.cfg.down or self.broker(self.cfg.broker).down:
             raise RetryableError(f"memory broker {self.cfg.broker!r} is down", destination=self.destination)
         self._open = True
         self._closed = False
@@ -137,7 +139,7 @@ class MemoryTransport(Transport):
         return results
 
     def _one(self, b: MemoryBroker, m: Message) -> SendResult:
-        if b.down:
+        if b.down or self.cfg.down:
             return RetryLater(f"memory broker {self.cfg.broker!r} is down")
         if b.fail_next > 0:
             b.fail_next -= 1

@@ -1,0 +1,34 @@
+"""The conformance suite against the ``file`` transport (CloudEvents JSON Lines)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from outrelay.conformance import ConformanceSuite, ConformanceTarget
+from outrelay.transports.file import FileConfig, FileTransport
+
+
+class TestFileConformance(ConformanceSuite):
+    """Every check: one JSON Lines file per check under tmp_path; "unreachable" is a path below a regular file."""
+
+    @pytest.fixture
+    def conformance_target(self, tmp_path: Path) -> ConformanceTarget:
+        async def provision(name: str) -> str:
+            return str(tmp_path / "out" / f"{name}.jsonl")
+
+        blocker = tmp_path / "not-a-directory"
+        blocker.write_bytes(b"")
+
+        def unreachable(target: str) -> FileTransport:
+            return FileTransport(FileConfig(path=str(blocker / "x.jsonl")), destination="conformance-down")
+
+        return ConformanceTarget(
+            make_transport=lambda target: FileTransport(FileConfig(path=target), destination="conformance"),
+            provision=provision,
+            make_unreachable=unreachable,
+            label="file (JSON Lines in tmp_path)",
+            read_timeout=2.0,
+            timeout=2.0,
+        )

@@ -1,0 +1,36 @@
+"""The conformance suite against the in-process ``memory`` transport."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from outrelay.conformance import ConformanceSuite, ConformanceTarget
+from outrelay.transports.memory import MemoryConfig, MemoryTransport
+
+MAX_BYTES = 64 * 1024
+
+
+def _unreachable(target: str) -> MemoryTransport:
+    """A memory transport on a broker of its own that is down."""
+    name = f"down-{uuid.uuid4().hex[:8]}"
+    MemoryTransport.broker(name).down = True
+    return MemoryTransport(MemoryConfig(broker=name, target=target), destination="conformance-down")
+
+
+class TestMemoryConformance(ConformanceSuite):
+    """Every check: a fresh in-process broker per test, max_message_bytes set so the size checks run."""
+
+    @pytest.fixture
+    def conformance_target(self) -> ConformanceTarget:
+        broker = f"orconf-{uuid.uuid4().hex[:8]}"
+        return ConformanceTarget(
+            make_transport=lambda target: MemoryTransport(
+                MemoryConfig(broker=broker, target=target, max_message_bytes=MAX_BYTES), destination="conformance"
+            ),
+            make_unreachable=_unreachable,
+            label="memory (in-process broker)",
+            read_timeout=2.0,
+            timeout=2.0,
+        )
