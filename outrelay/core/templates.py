@@ -8,6 +8,7 @@ value renders as ``default``. Templates are checked once, at config load.
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError
@@ -20,10 +21,13 @@ FIELDS = frozenset({"type", "category", "stream", "tenant", "source", "subject"}
 class Template:
     """A compiled target template; :meth:`render` never fails after init."""
 
-    __slots__ = ("_parts", "source")
+    __slots__ = ("_escape", "_parts", "source")
 
-    def __init__(self, source: str, *, where: str | None = None) -> None:
+    def __init__(self, source: str, *, where: str | None = None, escape: Callable[[str], str] | None = None) -> None:
+        """``escape`` is applied to every substituted value (e.g. URL quoting),
+        never to the template's literal text."""
         self.source = source
+        self._escape = escape
         parts: list[tuple[str, str | None]] = []
         try:
             parsed = list(string.Formatter().parse(source))
@@ -52,7 +56,8 @@ class Template:
                     value: str | None = event.type.split(".", 1)[0]
                 else:
                     value = getattr(event, field)
-                out.append(value if value else "default")
+                text = value if value else "default"
+                out.append(self._escape(text) if self._escape else text)
         return "".join(out)
 
     def __repr__(self) -> str:

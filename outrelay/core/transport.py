@@ -66,7 +66,7 @@ class TransportConfig(BaseModel):
     Declare secrets as :class:`pydantic.SecretStr` so they never print.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

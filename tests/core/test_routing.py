@@ -48,3 +48,11 @@ class TestTemplate:
         """Unknown placeholders or format specs are config errors."""
         with pytest.raises(ConfigError):
             Template(bad)
+
+
+def test_template_escape_applies_to_values_only() -> None:
+    """An escape function (URL quoting) changes substituted values, never the literal text."""
+    from urllib.parse import quote
+
+    t = Template("https://h/x?s={stream}", escape=lambda v: quote(v, safe=""))
+    assert t.render(Event(type="t", stream="a/b?c#d")) == "https://h/x?s=a%2Fb%3Fc%23d"

@@ -21,13 +21,15 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import ssl
 import time
 import typing
 from collections.abc import Iterable
 
 import httpcore
+import httpx
 
-__all__ = ["GuardedBackend", "PrivateAddressRefused", "address_refusal"]
+__all__ = ["GuardedBackend", "GuardedHTTPTransport", "PrivateAddressRefused", "address_refusal"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -85,7 +87,7 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         self.allow_private = allow_private
         self._inner = httpcore.AnyIOBackend()
 
-    async def _resolve(self, host: str, port: int, timeout: float | None) -> list[str]:
+    async def _resolve(self, host: str, port: int, limit: float | None) -> list[str]:
         try:
             return [str(ipaddress.ip_address(host.strip("[]")))]
         except ValueError:
@@ -93,9 +95,9 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         loop = asyncio.get_running_loop()
         try:
             # DNS counts toward the connect timeout.
-            infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
+            infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), limit)
         except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(f"resolving {host} timed out after {timeout}s") from exc
+            raise httpcore.ConnectTimeout(f"resolving {host} timed out after {limit}s") from exc
         except socket.gaierror as exc:
             raise httpcore.ConnectError(f"cannot resolve {host}: {exc.strerror}") from exc
         seen: dict[str, None] = {}
@@ -152,3 +154,21 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
 
+
+class GuardedHTTPTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport with its pool rebuilt on :class:`GuardedBackend`.
+
+    httpx does not expose httpcore's ``network_backend`` parameter, so the
+    pool it built is replaced by an equivalent one (same limits and TLS
+    context) whose every new connection goes through the address guard.
+    """
+
+    def __init__(self, *, allow_private: bool, ssl_context: ssl.SSLContext, limits: httpx.Limits) -> None:
+        super().__init__(verify=ssl_context, limits=limits, trust_env=False)
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=GuardedBackend(allow_private=allow_private),
+        )
