@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg.rows import tuple_row
 
 from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError, StoreError
@@ -43,16 +44,12 @@ def _rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
 
 def _sql(n: Names, count: int, notify: bool, named: bool) -> str:
     if named:
-        values = ", ".join(
-            f"(:i{i}, :s{i}, :t{i}, :n{i}, :w{i}, CAST(:a{i} AS jsonb), :d{i})" for i in range(count)
-        )
+        values = ", ".join(f"(:i{i}, :s{i}, :t{i}, :n{i}, :w{i}, CAST(:a{i} AS jsonb), :d{i})" for i in range(count))
         channel = ":channel"
     else:
         values = ", ".join(["(%s, %s, %s, %s, %s, %s::jsonb, %s)"] * count)
         channel = "%s"
-    insert = (
-        f"INSERT INTO {n.events} (id, stream, type, tenant, time, attrs, data) VALUES {values} RETURNING id, seq"
-    )
+    insert = f"INSERT INTO {n.events} (id, stream, type, tenant, time, attrs, data) VALUES {values} RETURNING id, seq"
     if not notify:
         return insert
     note = f"SELECT pg_notify({channel}, 'appended')"  # delivered by PostgreSQL on commit only
@@ -93,7 +90,7 @@ def append_sync(conn: Any, events: Sequence[Event], n: Names, notify: bool) -> l
     rows = _rows(events)
     pairs: dict[str, int] = {}
     if isinstance(conn, psycopg.Connection):
-        with conn.cursor() as cur:
+        with conn.cursor(row_factory=tuple_row) as cur:  # whatever row factory the application set
             for chunk in _chunks(rows):
                 cur.execute(_sql(n, len(chunk), notify, named=False), _positional(chunk, n, notify))
                 pairs.update(cur.fetchall())
@@ -116,7 +113,7 @@ async def append_async(conn: Any, events: Sequence[Event], n: Names, notify: boo
     rows = _rows(events)
     pairs: dict[str, int] = {}
     if isinstance(conn, psycopg.AsyncConnection):
-        async with conn.cursor() as cur:
+        async with conn.cursor(row_factory=tuple_row) as cur:
             for chunk in _chunks(rows):
                 await cur.execute(_sql(n, len(chunk), notify, named=False), _positional(chunk, n, notify))
                 pairs.update(await cur.fetchall())

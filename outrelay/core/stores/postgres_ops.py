@@ -65,8 +65,16 @@ class OperatorMixin:
                 delivered, err, err_at, disabled = row if row else (0, None, None, None)
                 out.append(
                     DestinationStatus(
-                        dest, pending, in_retry, dead, parked, delivered,
-                        None if oldest is None else max(0.0, now - oldest), err, err_at, disabled,
+                        dest,
+                        pending,
+                        in_retry,
+                        dead,
+                        parked,
+                        delivered,
+                        None if oldest is None else max(0.0, now - oldest),
+                        err,
+                        err_at,
+                        disabled,
                     )
                 )
             return out
@@ -219,9 +227,7 @@ class OperatorMixin:
         def fn(cur: Cursor) -> int:
             where = "seq > %s AND routed" + (" AND stream = %s" if stream is not None else "")
             args: list[Any] = [after] + ([stream] if stream is not None else [])
-            cur.execute(
-                f"SELECT DISTINCT stream FROM {n.events} WHERE {where} ORDER BY stream", args
-            )
+            cur.execute(f"SELECT DISTINCT stream FROM {n.events} WHERE {where} ORDER BY stream", args)
             self._lock_lanes(cur, {(destination, r[0]) for r in cur.fetchall()})
             cur.execute(
                 f"INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "

@@ -185,7 +185,10 @@ class Listener:
                 conn.execute(f'LISTEN "{self._channel}"')
                 while not self._stop.is_set():
                     for note in conn.notifies(timeout=0.5):
-                        self._callback(note.payload)
+                        try:
+                            self._callback(note.payload)
+                        except Exception:  # a wake-up is a hint: never let it kill the listener
+                            log.debug("LISTEN callback failed", exc_info=True)
             except psycopg.Error as exc:
                 if not self._stop.is_set():
                     log.warning("LISTEN connection to %s lost: %s (reconnecting)", self._where, _first_line(exc))

@@ -1,0 +1,347 @@
+"""PostgreSQL outbox specifics: appends in the application's transaction
+(psycopg sync/async, SQLAlchemy sync/async), rollback, late commits,
+NOTIFY wake-ups, schema/prefix options and migrations."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from outrelay import Event, Outbox
+from outrelay.core.errors import ConfigError, EventError, StoreError
+from outrelay.core.stores.postgres import PostgresStore
+from outrelay.core.stores.postgres_schema import MIGRATIONS
+from tests.stores.conftest import pg_admin_url, pg_url
+
+T0 = 1_000_000.0
+
+
+def ev(stream: str = "s", n: int = 0) -> Event:
+    return Event(type="order.created", stream=stream, data={"n": n})
+
+
+@pytest.fixture
+def outbox(pg_schema: str) -> Iterator[Outbox]:
+    ob = Outbox.open(pg_url(pg_schema))
+    yield ob
+    ob.close()
+
+
+@pytest.fixture
+def app_conn() -> Iterator[psycopg.Connection]:
+    with psycopg.connect(pg_admin_url()) as conn:
+        yield conn
+
+
+def drain_ids(store: PostgresStore, dest: str = "d") -> list[str]:
+    """Route everything, claim, deliver; return the event ids in claim order."""
+    out: list[str] = []
+    store.route(lambda e: [dest], 10_000, T0)
+    from outrelay.core.stores.base import Settlement
+
+    while got := store.claim(dest, limit=100, per_lane=100, owner="t", lease_seconds=30, now=T0):
+        out += [c.event.id for c in got]
+        store.settle(dest, "t", [Settlement(c.delivery_id, c.event.stream, "delivered") for c in got], T0)
+    return out
+
+
+class TestAppendInTransaction:
+    def test_psycopg_commit_and_rollback(self, outbox: Outbox, app_conn: psycopg.Connection) -> None:
+        """Events appended in a psycopg transaction exist after commit and never after rollback."""
+        kept, lost = ev("a"), ev("b")
+        with app_conn.transaction():
+            outbox.append(kept, conn=app_conn)
+        try:
+            with app_conn.transaction():
+                outbox.append(lost, conn=app_conn)
+                raise RuntimeError("application failure")
+        except RuntimeError:
+            pass
+        assert drain_ids(outbox.store) == [kept.id]  # type: ignore[arg-type]
+
+    def test_uncommitted_event_is_invisible_to_the_relay(self, outbox: Outbox, app_conn: psycopg.Connection) -> None:
+        """An append in an open transaction is neither routed nor delivered before commit."""
+        e = ev()
+        outbox.append(e, conn=app_conn)  # psycopg opened a transaction implicitly
+        assert drain_ids(outbox.store) == []  # type: ignore[arg-type]
+        app_conn.commit()
+        assert drain_ids(outbox.store) == [e.id]  # type: ignore[arg-type]
+
+    def test_application_row_factory_is_respected(self, outbox: Outbox) -> None:
+        """A connection with a dict row factory works and keeps its row factory."""
+        from psycopg.rows import dict_row
+
+        with psycopg.connect(pg_admin_url(), row_factory=dict_row) as conn:
+            e = ev()
+            assert outbox.append(e, conn=conn) == [e.id]
+            conn.commit()
+            assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+        assert drain_ids(outbox.store) == [e.id]  # type: ignore[arg-type]
+
+    def test_duplicate_id_in_caller_transaction(self, outbox: Outbox, app_conn: psycopg.Connection) -> None:
+        """A duplicate id raises EventError inside the caller's transaction."""
+        e = ev()
+        outbox.append(e)
+        with pytest.raises(EventError):
+            outbox.append(e, conn=app_conn)
+        app_conn.rollback()
+
+    async def test_async_psycopg(self, outbox: Outbox) -> None:
+        """aappend joins an async psycopg transaction: committed kept, rolled back lost."""
+        kept, lost = ev("a"), ev("b")
+        async with await psycopg.AsyncConnection.connect(pg_admin_url()) as conn:
+            async with conn.transaction():
+                assert await outbox.aappend(kept, conn=conn) == [kept.id]
+            await outbox.aappend(lost, conn=conn)
+            await conn.rollback()
+        assert drain_ids(outbox.store) == [kept.id]  # type: ignore[arg-type]
+
+    async def test_aappend_without_connection(self, outbox: Outbox) -> None:
+        """aappend without a connection commits on its own."""
+        e = ev()
+        assert await outbox.aappend([e]) == [e.id]
+        assert drain_ids(outbox.store) == [e.id]  # type: ignore[arg-type]
+
+    def test_sqlalchemy_session(self, outbox: Outbox) -> None:
+        """Appends join a SQLAlchemy Session's transaction (commit kept, rollback lost)."""
+        sqlalchemy = pytest.importorskip("sqlalchemy")
+        from sqlalchemy.orm import Session
+
+        engine = sqlalchemy.create_engine(pg_admin_url().replace("postgresql://", "postgresql+psycopg://"))
+        kept, lost = ev("a"), ev("b")
+        try:
+            with Session(engine) as session:
+                session.execute(sqlalchemy.text("SELECT 1"))
+                outbox.append(kept, conn=session)
+                session.commit()
+                outbox.append(lost, conn=session)
+                session.rollback()
+            with engine.begin() as connection:
+                outbox.append(ev("c"), conn=connection)
+        finally:
+            engine.dispose()
+        assert drain_ids(outbox.store)[:1] == [kept.id]  # type: ignore[arg-type]
+        assert lost.id not in [e.id for e in outbox.store.events()]
+
+    async def test_sqlalchemy_async_session(self, outbox: Outbox) -> None:
+        """aappend joins a SQLAlchemy AsyncSession's transaction."""
+        pytest.importorskip("greenlet")
+        from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+        engine = create_async_engine(pg_admin_url().replace("postgresql://", "postgresql+psycopg://"))
+        kept, lost = ev("a"), ev("b")
+        try:
+            async with AsyncSession(engine) as session:
+                await outbox.aappend(kept, conn=session)
+                await session.commit()
+                await outbox.aappend(lost, conn=session)
+                await session.rollback()
+        finally:
+            await engine.dispose()
+        assert drain_ids(outbox.store) == [kept.id]  # type: ignore[arg-type]
+
+    def test_wrong_connection_type(self, outbox: Outbox) -> None:
+        """A connection the store cannot use is a StoreError naming what it takes."""
+        with pytest.raises(StoreError, match=r"psycopg\.Connection"):
+            outbox.append(ev(), conn=object())
+
+
+class TestLateCommit:
+    def test_lower_sequence_committed_late_is_delivered(self, outbox: Outbox) -> None:
+        """A transaction holding a lower seq that commits after a higher one is still delivered."""
+        store = outbox.store
+        a_conn = psycopg.connect(pg_admin_url())
+        try:
+            a = ev("s", 1)
+            outbox.append(a, conn=a_conn)  # takes the lower seq, stays open
+            b = ev("s", 2)
+            outbox.append(b)  # commits first
+            assert drain_ids(store) == [b.id]  # type: ignore[arg-type]
+            a_conn.commit()
+            assert drain_ids(store) == [a.id]  # type: ignore[arg-type]
+            seqs = {e.id: e.sequence for e in store.events()}
+            assert (seqs[a.id] or 0) < (seqs[b.id] or 0)
+        finally:
+            a_conn.close()
+
+
+class TestNotify:
+    def test_listen_wakes_on_commit_only(self, outbox: Outbox, app_conn: psycopg.Connection) -> None:
+        """listen() reports an append when it commits, never for an open or rolled-back one."""
+        seen: list[str] = []
+        got = threading.Event()
+
+        def cb(what: str) -> None:
+            seen.append(what)
+            got.set()
+
+        stop = outbox.store.listen(cb)
+        try:
+            time.sleep(0.3)  # let LISTEN start
+            outbox.append(ev(), conn=app_conn)
+            assert not got.wait(0.5)
+            app_conn.rollback()
+            assert not got.wait(0.5)
+            outbox.append(ev(), conn=app_conn)
+            app_conn.commit()
+            assert got.wait(5)
+            assert seen == ["appended"]
+            got.clear()
+            outbox.store.route(lambda e: ["d"], 100, T0)
+            assert got.wait(5) and seen[-1] == "routed"
+        finally:
+            stop()
+
+    def test_notify_false_does_not_listen(self, pg_schema: str) -> None:
+        """With notify=false, appends send no notification and listen() is a no-op."""
+        with Outbox.open(pg_url(pg_schema), notify=False) as ob:
+            assert ob.store.listen(lambda w: None)() is None
+            ob.append(ev())
+
+
+class TestSchemaOptions:
+    def test_schema_and_prefix_from_url_and_kwargs(self, pg_schema: str) -> None:
+        """schema/prefix come from the URL query or Outbox.open keywords (keywords win)."""
+        with Outbox.open(pg_url(pg_schema, prefix="ox_")) as ob:
+            ob.append(ev())
+        with Outbox.open(pg_url("ignored"), schema=pg_schema, prefix="ox_") as ob:
+            assert len(ob.store.events()) == 1
+        with psycopg.connect(pg_admin_url()) as conn:
+            tables = {r[0] for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (pg_schema,))}
+        assert {"ox_events", "ox_deliveries", "ox_lanes", "ox_dead_letters", "ox_migrations"} <= tables
+
+    def test_bad_options(self, pg_schema: str) -> None:
+        """Invalid identifiers and unknown options are ConfigErrors."""
+        with pytest.raises(ConfigError):
+            PostgresStore(pg_url("bad-name"))
+        with pytest.raises(ConfigError):
+            PostgresStore(pg_url(pg_schema), colour="blue")
+        with pytest.raises(ConfigError):
+            PostgresStore(pg_url(pg_schema, pool_size="lots"))
+
+    def test_unreachable_server_fails_fast_without_password(self) -> None:
+        """An unreachable server is a StoreError within the connect timeout, password masked."""
+        started = time.monotonic()
+        with pytest.raises(StoreError) as info:
+            PostgresStore("postgresql://u:hunter2@127.0.0.1:1/db?connect_timeout=2")
+        assert time.monotonic() - started < 10
+        assert "hunter2" not in str(info.value)
+
+    def test_migration_sql_script_applies_and_is_recorded(self, pg_schema: str) -> None:
+        """migration_sql() is a script a DBA can run; the store then opens with migrate=false."""
+        sql = PostgresStore.migration_sql(pg_schema, "dba_")
+        assert "CREATE TABLE" in sql and sql.strip().endswith("COMMIT;")
+        with psycopg.connect(pg_admin_url(), autocommit=True) as conn:
+            conn.execute(sql.encode())  # a multi-statement script (simple query protocol)
+        store = PostgresStore(pg_url(pg_schema, prefix="dba_", migrate="false"))
+        try:
+            assert store.schema_version() == len(MIGRATIONS)
+            assert store.migrate() == []
+        finally:
+            store.close()
+
+    def test_open_reports_migrations_applied(self, pg_schema: str) -> None:
+        """The first open applies every migration and says so; the next applies none."""
+        first = PostgresStore(pg_url(pg_schema))
+        first.close()
+        second = PostgresStore(pg_url(pg_schema))
+        second.close()
+        assert first.migrations_applied == list(range(1, len(MIGRATIONS) + 1))
+        assert second.migrations_applied == []
+
+    def test_migrate_false_on_empty_schema_refuses(self, pg_schema: str) -> None:
+        """Opening with migrate=false where no tables exist says to run `outrelay migrate`."""
+        with pytest.raises(StoreError, match="outrelay migrate"):
+            PostgresStore(pg_url(pg_schema, migrate="false"))
+
+    def test_newer_schema_is_refused(self, pg_schema: str) -> None:
+        """An outbox migrated by a newer outrelay is refused with a clear message."""
+        PostgresStore(pg_url(pg_schema)).close()
+        with psycopg.connect(pg_admin_url(), autocommit=True) as conn:
+            conn.execute(f'INSERT INTO "{pg_schema}".outrelay_migrations (version, name) VALUES (999, %s)', ("x",))
+        with pytest.raises(StoreError, match="newer"):
+            PostgresStore(pg_url(pg_schema))
+
+    def test_concurrent_opens_migrate_once(self, pg_schema: str) -> None:
+        """Several processes opening a new outbox at once migrate it exactly once."""
+        errors: list[BaseException] = []
+
+        def open_one() -> None:
+            try:
+                PostgresStore(pg_url(pg_schema)).close()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        with psycopg.connect(pg_admin_url()) as conn:
+            rows = conn.execute(f'SELECT version FROM "{pg_schema}".outrelay_migrations').fetchall()
+        assert rows == [(v,) for v in range(1, len(MIGRATIONS) + 1)]
+
+
+class TestRetention:
+    def test_prune_deletes_in_batches(self, outbox: Outbox, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Pruning removes every eligible event, a small batch per transaction."""
+        from outrelay.core.stores import postgres_ops
+
+        monkeypatch.setattr(postgres_ops, "PRUNE_BATCH", 10)
+        outbox.append([ev("s", i) for i in range(25)])
+        drain_ids(outbox.store)  # type: ignore[arg-type]
+        assert outbox.store.prune(time.time() + 60) == 25
+        assert outbox.store.events() == []
+
+    def test_prune_does_not_wait_for_open_appends(self, outbox: Outbox, app_conn: psycopg.Connection) -> None:
+        """An open application transaction neither blocks pruning nor loses its events to it."""
+        outbox.append([ev("old", 0)])
+        drain_ids(outbox.store)  # type: ignore[arg-type]
+        pending = ev("new", 1)
+        outbox.append(pending, conn=app_conn)  # uncommitted
+        done: list[int] = []
+        t = threading.Thread(target=lambda: done.append(outbox.store.prune(time.time() + 60)))
+        t.start()
+        t.join(timeout=10)
+        assert done == [1]
+        app_conn.commit()
+        assert drain_ids(outbox.store) == [pending.id]  # type: ignore[arg-type]
+
+
+class TestConcurrentRouting:
+    def test_two_routers_keep_stream_order(self, pg_schema: str) -> None:
+        """Relays routing at the same time still queue each stream's deliveries in event order."""
+        stores = [PostgresStore(pg_url(pg_schema)) for _ in range(2)]
+        appended = threading.Event()
+
+        def appender() -> None:
+            for i in range(300):
+                stores[0].append([ev(f"s{i % 5}", i)])
+            appended.set()
+
+        def router(store: PostgresStore) -> None:
+            while not (appended.is_set() and store.unrouted() == 0):
+                store.route(lambda e: ["d"], 7, T0)
+
+        threads = [threading.Thread(target=appender)] + [threading.Thread(target=router, args=(s,)) for s in stores]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+        finally:
+            for s in stores:
+                s.close()
+        with psycopg.connect(pg_admin_url()) as conn:
+            rows = conn.execute(
+                f'SELECT stream, event_seq FROM "{pg_schema}".outrelay_deliveries ORDER BY id').fetchall()
+        assert len(rows) == 300
+        for stream in {r[0] for r in rows}:
+            seqs = [r[1] for r in rows if r[0] == stream]
+            assert seqs == sorted(seqs)
