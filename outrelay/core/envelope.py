@@ -126,6 +126,14 @@ class Event:
         except orjson.JSONDecodeError as exc:
             raise EventError(f"event {self.id} data is not JSON ({self.content_type})") from exc
 
+    def with_sequence(self, sequence: int) -> Event:
+        """A copy carrying the outbox sequence (no re-validation: cheap)."""
+        copy = object.__new__(Event)
+        for name in _ALL_FIELDS:
+            object.__setattr__(copy, name, getattr(self, name))
+        object.__setattr__(copy, "sequence", sequence)
+        return copy
+
     def replace(self, **changes: Any) -> Event:
         """Return a copy with ``changes`` applied (events are immutable)."""
         return dataclasses.replace(self, **changes)
@@ -192,6 +200,9 @@ _PLAIN_FIELDS = (
     "subject",
     "content_type",
 )
+
+
+_ALL_FIELDS = tuple(f.name for f in dataclasses.fields(Event))
 
 
 def _encode_data(data: Any, content_type: str | None) -> tuple[bytes, str | None]:

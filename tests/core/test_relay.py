@@ -275,3 +275,34 @@ class TestLifecycle:
         relay.stop()
         await task
         assert len(MemoryTransport.broker("b").all()) == 50
+
+
+class TestAppend:
+    def test_sequences_contiguous_and_returned(self, tmp_path: Path) -> None:
+        """A batch append returns its ids and the store assigns increasing sequence numbers in order."""
+        outbox = Outbox.open(f"sqlite:///{tmp_path}/o.db")
+        first = outbox.append(events(5, 2))
+        stored = outbox.store.append(events(3, 1))
+        assert [e.sequence for e in stored] == [6, 7, 8]
+        assert [e.id for e in outbox.store.events(limit=5)] == first
+
+    def test_autocommit_connection(self, tmp_path: Path) -> None:
+        """On an autocommit sqlite3 connection the append commits a transaction of its own."""
+        import sqlite3
+
+        outbox = Outbox.open(f"sqlite:///{tmp_path}/o.db")
+        conn = sqlite3.connect(f"{tmp_path}/o.db", isolation_level=None)
+        outbox.append(events(3, 1), conn=conn)
+        assert not conn.in_transaction
+        assert len(outbox.store.events()) == 3
+
+    def test_duplicate_id_rejected(self, tmp_path: Path) -> None:
+        """Appending an id that is already in the outbox raises EventError and appends nothing of the batch."""
+        from outrelay import EventError
+
+        outbox = Outbox.open(f"sqlite:///{tmp_path}/o.db")
+        e = Event(type="t", stream="s")
+        outbox.append(e)
+        with pytest.raises(EventError):
+            outbox.append([Event(type="t", stream="s"), e])
+        assert len(outbox.store.events()) == 1

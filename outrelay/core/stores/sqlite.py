@@ -110,20 +110,34 @@ class SQLiteStore(Store):
         rows = [
             (e.id, e.stream, e.type, e.tenant, e.time.timestamp(), orjson.dumps(e.attributes()), e.data) for e in events
         ]
-        sql = (
-            "INSERT INTO outrelay_events (id, stream, type, tenant, time, attrs, data) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING seq"
-        )
+        sql = "INSERT INTO outrelay_events (id, stream, type, tenant, time, attrs, data) VALUES (?, ?, ?, ?, ?, ?, ?)"
+
+        def insert(db: sqlite3.Connection) -> range:
+            # one executemany inside one write transaction: SQLite has a single writer, so the
+            # AUTOINCREMENT sequence numbers of this batch are contiguous and end at last_insert_rowid()
+            db.executemany(sql, rows)
+            last = int(db.execute("SELECT last_insert_rowid()").fetchone()[0])
+            return range(last - len(rows) + 1, last + 1)
+
         try:
             if conn is not None:
                 if not isinstance(conn, sqlite3.Connection):
                     raise StoreError(
                         f"append(conn=...) on a SQLite outbox takes a sqlite3.Connection, got {type(conn).__name__}"
                     )
-                seqs = [conn.execute(sql, r).fetchone()[0] for r in rows]
+                if conn.in_transaction or conn.isolation_level is not None:
+                    seqs = insert(conn)  # the caller's transaction (sqlite3 opens one implicitly) — caller commits
+                else:  # an autocommit connection outside a transaction: one of our own, on it
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        seqs = insert(conn)
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        conn.execute("ROLLBACK")
+                        raise
             else:
                 with self._tx() as db:
-                    seqs = [db.execute(sql, r).fetchone()[0] for r in rows]
+                    seqs = insert(db)
         except (sqlite3.IntegrityError, StoreError) as exc:
             cause = exc.__cause__ if isinstance(exc, StoreError) else exc
             if isinstance(cause, sqlite3.IntegrityError) and "outrelay_events.id" in str(cause):
@@ -138,7 +152,7 @@ class SQLiteStore(Store):
                     f"{self.path!r} (no outrelay tables)"
                 ) from exc
             raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
-        return [e.replace(sequence=s) for e, s in zip(events, seqs, strict=True)]
+        return [e.with_sequence(s) for e, s in zip(events, seqs, strict=True)]
 
     # -- relay side -------------------------------------------------------------
 
