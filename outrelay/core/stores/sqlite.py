@@ -190,7 +190,8 @@ class SQLiteStore(Store):
             static = getattr(router, "static_destinations", None)
             columns = "seq, stream, NULL, NULL" if static is not None else "seq, stream, attrs, data"
             rows = db.execute(
-                f"SELECT {columns} FROM outrelay_events WHERE routed = 0 ORDER BY seq LIMIT ?", (limit,)
+                f"SELECT {columns} FROM outrelay_events WHERE seq > ? ORDER BY seq LIMIT ?",
+                (self._cursor(db), limit),
             ).fetchall()
             if not rows:
                 return 0
@@ -210,7 +211,7 @@ class SQLiteStore(Store):
                 "ON CONFLICT (destination, stream) DO UPDATE SET pending = pending + excluded.pending",
                 [(d, s, now, n) for (d, s), n in lanes.items()],
             )
-            db.executemany("UPDATE outrelay_events SET routed = 1 WHERE seq = ?", [(r[0],) for r in rows])
+            db.execute("UPDATE outrelay_meta SET value = ? WHERE key = 'route_cursor'", (str(rows[-1][0]),))
             return len(rows)
 
     def claim(
@@ -251,15 +252,13 @@ class SQLiteStore(Store):
 
     def settle(self, destination: str, owner: str, settlements: Sequence[Settlement], now: float) -> None:
         lanes: dict[str, tuple[float, bool, int]] = {}  # stream -> (due_at, parked, removed)
+        done: dict[str, list[tuple[int]]] = {}  # stream -> delivered ids
         delivered = 0
         with self._tx() as db:
             for s in settlements:
                 due, parked, removed = lanes.get(s.stream, (now, False, 0))
                 if s.kind == "delivered":
-                    # rowcount, not 1: a relay whose lease ran out may settle a row another already removed
-                    gone = db.execute("DELETE FROM outrelay_deliveries WHERE id = ?", (s.delivery_id,)).rowcount
-                    removed += gone
-                    delivered += gone
+                    done.setdefault(s.stream, []).append((s.delivery_id,))
                 elif s.kind == "retry":
                     db.execute(
                         "UPDATE outrelay_deliveries SET attempts = ?, last_error = ?, "
@@ -297,6 +296,12 @@ class SQLiteStore(Store):
                         )
                         parked = True
                 lanes[s.stream] = (due, parked, removed)
+            for stream, ids in done.items():
+                # rowcount, not len(ids): a relay whose lease ran out may settle rows another already removed
+                gone = db.executemany("DELETE FROM outrelay_deliveries WHERE id = ?", ids).rowcount
+                due, parked, removed = lanes[stream]
+                lanes[stream] = (due, parked, removed + gone)
+                delivered += gone
             for stream, (due, parked, removed) in lanes.items():
                 if removed:
                     db.execute(
@@ -324,7 +329,13 @@ class SQLiteStore(Store):
         return None if row[0][0] is None else float(row[0][0])
 
     def unrouted(self) -> int:
-        return int(self._q("SELECT COUNT(*) FROM outrelay_events WHERE routed = 0")[0][0])
+        with self._lock:
+            return int(self._q("SELECT COUNT(*) FROM outrelay_events WHERE seq > ?", (self._cursor(self._db),))[0][0])
+
+    @staticmethod
+    def _cursor(db: sqlite3.Connection) -> int:
+        """Sequence of the last routed event (see migration 2)."""
+        return int(db.execute("SELECT value FROM outrelay_meta WHERE key = 'route_cursor'").fetchone()[0])
 
     # -- operator side ----------------------------------------------------------
 
@@ -488,8 +499,8 @@ class SQLiteStore(Store):
     def replay_stream(self, destination: str, *, stream: str | None, after: int, now: float) -> int:
         count = 0
         with self._tx() as db:
-            sql = "SELECT seq, stream FROM outrelay_events WHERE seq > ? AND routed = 1"
-            args: list[Any] = [after]
+            sql = "SELECT seq, stream FROM outrelay_events WHERE seq > ? AND seq <= ?"
+            args: list[Any] = [after, self._cursor(db)]
             if stream is not None:
                 sql += " AND stream = ?"
                 args.append(stream)
@@ -501,10 +512,10 @@ class SQLiteStore(Store):
     def prune(self, older_than: float) -> int:
         with self._tx() as db:
             cur = db.execute(
-                "DELETE FROM outrelay_events WHERE routed = 1 AND time < ? "
+                "DELETE FROM outrelay_events WHERE seq <= ? AND time < ? "
                 "AND NOT EXISTS (SELECT 1 FROM outrelay_deliveries d WHERE d.event_seq = seq) "
                 "AND NOT EXISTS (SELECT 1 FROM outrelay_dead_letters dl WHERE dl.event_seq = seq)",
-                (older_than,),
+                (self._cursor(db), older_than),
             )
             return cur.rowcount
 

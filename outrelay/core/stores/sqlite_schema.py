@@ -61,4 +61,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             disabled TEXT
         )""",
     ),
+    # 2: routing by cursor. SQLite has one writer at a time, so sequence order is commit order and
+    # "everything above the cursor" cannot skip a late commit (PostgreSQL keeps the routed flag).
+    # Rewriting each routed event row (its data included) just to flip a flag cost more than routing.
+    (
+        "INSERT OR REPLACE INTO outrelay_meta (key, value) "
+        "SELECT 'route_cursor', CAST(COALESCE(MAX(seq), 0) AS TEXT) FROM outrelay_events WHERE routed = 1",
+    ),
 )
