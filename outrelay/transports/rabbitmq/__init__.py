@@ -17,5 +17,8 @@ if TYPE_CHECKING:
 @hookimpl
 def outrelay_add_transports(registry: Registry) -> None:
     registry.add_transport(
-        "rabbitmq", "outrelay.transports.rabbitmq._transport:RabbitMQTransport", requires=("aio_pika",), extra="rabbitmq"
+        "rabbitmq",
+        "outrelay.transports.rabbitmq._transport:RabbitMQTransport",
+        requires=("aio_pika",),
+        extra="rabbitmq",
     )

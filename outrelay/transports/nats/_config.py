@@ -1,0 +1,140 @@
+"""Configuration of the ``nats`` transport (JetStream).
+
+::
+
+    [destinations.bus]
+    transport = "nats"
+    servers = ["nats://127.0.0.1:4222"]
+    subject = "events.{category}.{stream}"    # a Template
+    expected_stream = "EVENTS"                 # optional: Nats-Expected-Stream
+    # credentials: at most one of credentials_file / nkey_seed_file / token / user+password
+    credentials_file = "/etc/nats/relay.creds"
+    [destinations.bus.create_stream]           # dev only: create the stream at open
+    name = "EVENTS"
+    subjects = ["events.>"]
+
+Secrets are :class:`pydantic.SecretStr`; a password embedded in a server URL
+is masked in every message (:func:`mask_url`).
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from outrelay.core.transport import TransportConfig
+
+__all__ = ["NatsConfig", "StreamSpec", "mask_url"]
+
+_URL_CREDS = re.compile(r"(?P<scheme>[a-z+]+://)(?P<userinfo>[^@/]+)@", re.IGNORECASE)
+
+
+def mask_url(url: str) -> str:
+    """``nats://user:secret@host`` -> ``nats://user:***@host`` (a bare token is masked whole)."""
+
+    def sub(m: re.Match[str]) -> str:
+        user, sep, _ = m.group("userinfo").partition(":")
+        return f"{m.group('scheme')}{user + ':***' if sep else '***'}@"
+
+    return _URL_CREDS.sub(sub, url)
+
+
+class StreamSpec(BaseModel):
+    """A stream to create (if missing) when the transport opens; meant for development."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    subjects: tuple[str, ...] = Field(min_length=1)
+    storage: Literal["file", "memory"] = "file"
+    duplicate_window: float = Field(120.0, gt=0, description="seconds in which a repeated Nats-Msg-Id is dropped")
+    replicas: int = Field(1, ge=1, le=5)
+
+
+class NatsConfig(TransportConfig):
+    """Options of the ``nats`` transport; see the module docstring."""
+
+    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    subject: str = "{type}"
+    expected_stream: str | None = None
+    create_stream: StreamSpec | None = None
+    ack_timeout: float = Field(5.0, gt=0, le=300, description="seconds to wait for a JetStream ack")
+    connect_timeout: float = Field(2.0, gt=0, le=60)
+    reconnect_time_wait: float = Field(0.5, ge=0, le=60)
+    max_message_bytes: int = Field(1_000_000, ge=1, description="data bytes; headers use the rest of max_payload")
+    name: str = "outrelay"
+    # TLS: `tls = true` uses the system trust store; the files override it.
+    tls: bool = False
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_hostname: str | None = None
+    # Credentials (at most one kind).
+    credentials_file: str | None = None
+    nkey_seed_file: str | None = None
+    token: SecretStr | None = None
+    user: str | None = None
+    password: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> NatsConfig:
+        kinds = [
+            k
+            for k, given in (
+                ("credentials_file", self.credentials_file),
+                ("nkey_seed_file", self.nkey_seed_file),
+                ("token", self.token),
+                ("user/password", self.user or self.password),
+            )
+            if given
+        ]
+        if len(kinds) > 1:
+            raise ValueError(f"give one kind of credentials, not {' and '.join(kinds)}")
+        if self.password and not self.user:
+            raise ValueError("password needs user")
+        if not self.servers:
+            raise ValueError("servers must name at least one nats:// URL")
+        return self
+
+    def __repr_args__(self) -> Any:
+        for k, v in super().__repr_args__():
+            yield k, (tuple(mask_url(s) for s in v) if k == "servers" else v)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context, or ``None`` when TLS is off and no ``tls://`` server is named."""
+        wants = self.tls or self.tls_ca_file or self.tls_cert_file or any(s.startswith("tls://") for s in self.servers)
+        if not wants:
+            return None
+        ctx = ssl.create_default_context(cafile=self.tls_ca_file)
+        if self.tls_cert_file:
+            ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return ctx
+
+    def connect_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``nats.connect`` (secrets revealed here only)."""
+        opts: dict[str, Any] = {
+            "servers": list(self.servers),
+            "name": self.name,
+            "connect_timeout": self.connect_timeout,
+            "reconnect_time_wait": self.reconnect_time_wait,
+            "tls": self.ssl_context(),
+            "tls_hostname": self.tls_hostname,
+        }
+        if self.credentials_file:
+            opts["user_credentials"] = self.credentials_file
+        if self.nkey_seed_file:
+            opts["nkeys_seed"] = self.nkey_seed_file
+        if self.token:
+            opts["token"] = self.token.get_secret_value()
+        if self.user:
+            opts["user"] = self.user
+            opts["password"] = self.password.get_secret_value() if self.password else ""
+        return opts
+
+    @property
+    def where(self) -> str:
+        """The servers, masked, for messages."""
+        return ", ".join(mask_url(s) for s in self.servers)

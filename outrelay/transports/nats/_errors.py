@@ -1,0 +1,85 @@
+"""The one place where nats-py exceptions become outrelay's.
+
+:func:`classify` decides retryable vs permanent and writes the message;
+:func:`result_for` turns it into a per-message result and :func:`mapped` is
+the context manager for whole operations (open, check, reader), raising
+:class:`~outrelay.RetryableError` / :class:`~outrelay.PermanentError`
+``from`` the vendor exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import nats.errors
+import nats.js.errors
+
+from outrelay.core.errors import PermanentError, RetryableError
+from outrelay.core.transport import Rejected, RetryLater, SendResult
+
+__all__ = ["classify", "is_auth_error", "mapped", "result_for"]
+
+# JetStream API error codes (err_code) that no retry can fix.
+_PERMANENT_CODES = {
+    10060: "the subject is bound to another stream than expected_stream",
+    10054: "the message is larger than the stream's max_msg_size",
+}
+# Resource limits that may clear (consumers ack, retention removes old messages).
+_RETRYABLE_CODES = {10077: "the stream is full (max_msgs/max_bytes with discard=new)"}
+
+
+def is_auth_error(exc: BaseException) -> bool:
+    """The server refused our credentials (nats-py reports it as a plain Error during connect)."""
+    return isinstance(exc, nats.errors.AuthorizationError) or (
+        isinstance(exc, nats.errors.Error) and "authorization violation" in str(exc).lower()
+    )
+
+
+def classify(exc: BaseException, subject: str | None = None) -> tuple[bool, str]:
+    """``(retryable, message)`` for a nats-py exception (or an asyncio timeout)."""
+    on = f" on subject {subject!r}" if subject else ""
+    if isinstance(exc, nats.js.errors.NoStreamResponseError | nats.errors.NoRespondersError):
+        return True, (
+            f"no JetStream stream answered{on} (no responders): create a stream whose subjects cover it "
+            "(or set create_stream), or check that JetStream is enabled"
+        )
+    if isinstance(exc, nats.js.errors.APIError):
+        code = exc.err_code or 0
+        text = f"JetStream error {exc.code}/{code}{on}: {exc.description or 'no description'}"
+        if code in _PERMANENT_CODES:
+            return False, f"{text} ({_PERMANENT_CODES[code]})"
+        if code in _RETRYABLE_CODES:
+            return True, f"{text} ({_RETRYABLE_CODES[code]})"
+        return (exc.code is None or exc.code >= 500 or exc.code in (408, 429)), text
+    if isinstance(exc, nats.errors.BadSubjectError):
+        return False, f"invalid subject {subject!r}: use dot-separated tokens without spaces or wildcards"
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return False, f"message exceeds the server's max_payload{on}"
+    if is_auth_error(exc):
+        return False, "authorization violation: check credentials and the account's publish permissions"
+    if isinstance(exc, nats.errors.TimeoutError | asyncio.TimeoutError | nats.js.errors.TooManyStalledMsgsError):
+        return True, f"no JetStream ack in time{on} (server slow, restarting or unreachable)"
+    if isinstance(exc, nats.errors.NoServersError | ConnectionError | OSError):
+        return True, f"cannot reach a NATS server: {type(exc).__name__}"
+    if isinstance(exc, nats.errors.Error):
+        # closed/draining/reconnecting connection, stale connection, buffer full
+        return True, f"NATS connection problem{on}: {type(exc).__name__}"
+    return True, f"unexpected {type(exc).__name__}{on}"
+
+
+def result_for(exc: BaseException, subject: str) -> SendResult:
+    retryable, message = classify(exc, subject)
+    return RetryLater(message) if retryable else Rejected(message)
+
+
+@contextmanager
+def mapped(what: str, destination: str) -> Iterator[None]:
+    """Raise outrelay errors for vendor failures of ``what`` (e.g. "connect to nats://h:4222")."""
+    try:
+        yield
+    except (TimeoutError, nats.errors.Error, OSError) as exc:
+        retryable, message = classify(exc)
+        cls = RetryableError if retryable else PermanentError
+        raise cls(f"{what}: {message}", destination=destination) from exc

@@ -1,0 +1,116 @@
+"""Reader of the ``nats`` transport: a JetStream pull consumer.
+
+``transport.reader(subject)`` makes an ephemeral consumer that sees only
+messages stored after :meth:`NatsReader.start` (deliver policy ``new``);
+``reader(subject, durable="name")`` binds a durable consumer that resumes
+where it left off; ``deliver="all"`` reads the stream's history too.
+Messages are acked as they are read. Each is rebuilt into an
+:class:`~outrelay.Event` from its ``ce-*`` headers and ``Content-Type``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Literal
+
+import nats.errors
+import nats.js.api
+from nats.aio.client import Client
+from nats.js.client import JetStreamContext
+
+from outrelay.core import cloudevents
+from outrelay.core.errors import UsageError
+from outrelay.core.transport import Reader, Received
+from outrelay.transports.nats._config import NatsConfig
+from outrelay.transports.nats._errors import mapped
+
+__all__ = ["NatsReader"]
+
+
+class NatsReader(Reader):
+    """See the module docstring.
+
+    :raises RetryableError: (start) server unreachable.
+    :raises PermanentError: (start) no stream covers the subject.
+    """
+
+    def __init__(
+        self,
+        cfg: NatsConfig,
+        subject: str,
+        *,
+        destination: str = "nats",
+        durable: str | None = None,
+        stream: str | None = None,
+        deliver: Literal["new", "all"] = "new",
+    ) -> None:
+        self.cfg = cfg
+        self.subject = subject
+        self.destination = destination
+        self.durable = durable
+        self.stream = stream or cfg.expected_stream
+        self.deliver = deliver
+        self._nc: Client | None = None
+        self._sub: JetStreamContext.PullSubscription | None = None
+
+    async def start(self) -> None:
+        from outrelay.transports.nats._transport import connect
+
+        self._nc = await connect(self.cfg, self.destination)
+        js = self._nc.jetstream(timeout=self.cfg.ack_timeout)
+        policy = nats.js.api.DeliverPolicy.NEW if self.deliver == "new" else nats.js.api.DeliverPolicy.ALL
+        config = nats.js.api.ConsumerConfig(
+            deliver_policy=policy,
+            ack_policy=nats.js.api.AckPolicy.EXPLICIT,
+            inactive_threshold=None if self.durable else 30.0,
+        )
+        try:
+            with mapped(f"cannot consume {self.subject!r}", self.destination):
+                self._sub = await js.pull_subscribe(
+                    self.subject, durable=self.durable, stream=self.stream, config=config
+                )
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def read(self, count: int, timeout: float) -> list[Received]:
+        if self._sub is None:
+            raise UsageError("NatsReader.read() before start()")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        out: list[Received] = []
+        while len(out) < count:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            try:
+                with mapped(f"cannot read {self.subject!r}", self.destination):
+                    try:
+                        msgs = await self._sub.fetch(batch=min(count - len(out), 1000), timeout=max(0.05, left))
+                    except TimeoutError:  # nats-py raises both its own and the builtin one here
+                        break
+                    for msg in msgs:
+                        await msg.ack()
+            except Exception:
+                if out:  # hand back what was read; the error repeats on the next read
+                    break
+                raise
+            for msg in msgs:
+                headers = dict(msg.headers or {})
+                ctype = headers.get("Content-Type")
+                event = cloudevents.from_binary(headers, msg.data, content_type=ctype)
+                key = headers.get("ce-partitionkey")
+                out.append(Received(event, msg.subject, key, headers, bytes(msg.data), ctype))
+        return out
+
+    async def stop(self) -> None:
+        sub, self._sub = self._sub, None
+        nc, self._nc = self._nc, None
+        if sub is not None and self.durable is None:
+            # best effort: an ephemeral consumer also expires by itself (inactive_threshold)
+            with contextlib.suppress(TimeoutError, nats.errors.Error, OSError):
+                await sub.unsubscribe()
+        if nc is not None and not nc.is_closed:
+            with contextlib.suppress(TimeoutError, nats.errors.Error, OSError):
+                await nc.close()

@@ -1,0 +1,294 @@
+"""The ``nats`` transport: NATS JetStream with acks and server-side dedupe.
+
+Each event becomes one JetStream message on ``subject`` (a Template) with
+
+* ``Nats-Msg-Id`` = event id, so the stream's duplicate window drops a
+  re-send; the ack's ``duplicate`` flag is reported as ``Delivered(duplicate=True)``;
+* the CloudEvents binary headers (``ce-*``) and ``Content-Type``;
+* ``Nats-Expected-Stream`` when ``expected_stream`` is set.
+
+Publishing is pipelined across streams on one connection, acks awaited
+together, through :class:`~outrelay.transports.nats._acks.AckMux` (what
+``js.publish_async`` does, without its nats-py 2.16 bug of turning every
+JetStream API error into a timeout).
+
+Within one stream the next message is published only after the previous
+one was acked: a pipelined message could otherwise be stored while
+an earlier one of its stream is lost in a reconnect, which would break
+per-stream order. That makes ``ordered_batches`` honest: after a failure no
+later message of that stream is published (they are reported RetryLater).
+The price: one stream moves one message per ack round trip, so throughput
+comes from many streams per batch (the relay's ``batch_size``/``per_stream``).
+
+No responders (no stream for the subject, JetStream not ready), timeouts and
+connection loss are retryable; the client reconnects by itself, and a
+closed connection is reopened on the next send. ``native_dedupe`` and its
+window are declared once the stream's duplicate window is known (read from
+stream info at open, or from ``create_stream``); until then they are not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import nats
+import nats.js.api
+from nats.aio.client import Client
+from nats.js.client import JetStreamContext
+
+from outrelay.core import cloudevents
+from outrelay.core.envelope import Event
+from outrelay.core.errors import PermanentError, TransportError, UsageError
+from outrelay.core.templates import Template
+from outrelay.core.transport import (
+    Capabilities,
+    Delivered,
+    Message,
+    Reader,
+    Rejected,
+    RetryLater,
+    SendResult,
+    Transport,
+)
+from outrelay.transports.nats._acks import AckMux
+from outrelay.transports.nats._config import NatsConfig, StreamSpec, mask_url
+from outrelay.transports.nats._errors import classify, is_auth_error, mapped, result_for
+
+__all__ = ["NatsConfig", "NatsTransport", "StreamSpec", "connect"]
+
+log = logging.getLogger("outrelay.transports.nats")
+_WILDCARD = re.compile(r"(^|\.)([*>]|)(\.|$)")
+
+
+async def connect(cfg: NatsConfig, destination: str) -> Client:
+    """Connect once to the first reachable server, quickly; then reconnect forever.
+
+    nats-py retries the *initial* connect until max_reconnect_attempts is used
+    up, so connect with one attempt per server and widen it afterwards.
+
+    :raises RetryableError: no server reachable within the bounded time.
+    :raises PermanentError: authorization failed.
+    """
+
+    last_error: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        last_error[:] = [exc]
+        log.debug("destination %s: nats client error: %s", destination, classify(exc)[1])
+
+    opts = cfg.connect_options()
+    opts.update(error_cb=on_error, allow_reconnect=True, max_reconnect_attempts=1)
+    bound = (cfg.connect_timeout + cfg.reconnect_time_wait) * 2 * len(cfg.servers) + 1.0
+    with mapped(f"cannot connect to {cfg.where}", destination):
+        try:
+            nc = await asyncio.wait_for(nats.connect(**opts), timeout=bound)
+        except nats.errors.NoServersError as exc:
+            # the pool ran dry; say why when the server refused our credentials
+            if last_error and is_auth_error(last_error[0]):
+                raise last_error[0] from exc
+            raise
+    nc.options["max_reconnect_attempts"] = -1  # read on every reconnect attempt
+    return nc
+
+
+class NatsTransport(Transport):
+    """See the module docstring."""
+
+    name = "nats"
+    Config = NatsConfig
+
+    def __init__(self, config: NatsConfig, *, destination: str = "nats") -> None:
+        super().__init__(config, destination=destination)
+        self.cfg: NatsConfig = config
+        self._template = Template(config.subject, where=f"destinations.{destination}.subject")
+        self._nc: Client | None = None
+        self._acks: AckMux | None = None
+        self._state = "new"
+        self._reopen_lock = asyncio.Lock()
+        self._max_bytes = config.max_message_bytes
+        spec = config.create_stream
+        self._dedupe_window: float | None = spec.duplicate_window if spec else None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        window = self._dedupe_window
+        return Capabilities(
+            ordering_by_key=True,
+            ordered_batches=True,
+            native_dedupe=bool(window),
+            dedupe_window=window or None,
+            max_batch_count=1000,
+            max_message_bytes=self._max_bytes,
+            cloudevents_modes=("binary",),
+            reader=True,
+        )
+
+    def target(self, event: Event) -> str:
+        return self._template.render(event)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect, create ``create_stream`` if missing, read the dedupe window.
+
+        :raises RetryableError: no server reachable (bounded by connect_timeout).
+        """
+        if self._state == "open" and self._nc is not None and not self._nc.is_closed:
+            return
+        was = self._state
+        nc = await connect(self.cfg, self.destination)
+        try:
+            if was == "reconnecting" and self._state == "closed":
+                raise UsageError(f"nats transport {self.destination!r} was closed while reconnecting")
+            js = nc.jetstream(timeout=self.cfg.ack_timeout)
+            if self.cfg.create_stream is not None:
+                await self._ensure_stream(js, self.cfg.create_stream)
+            await self._read_stream_info(js)
+            acks = AckMux(nc)
+            with mapped("cannot subscribe to the ack inbox", self.destination):
+                await acks.start()
+        except BaseException:
+            await nc.close()
+            raise
+        # headers travel inside max_payload: keep room for them
+        self._max_bytes = min(self.cfg.max_message_bytes, max(1, nc.max_payload - 16 * 1024))
+        self._nc, self._acks, self._state = nc, acks, "open"
+
+    async def _ensure_stream(self, js: JetStreamContext, spec: StreamSpec) -> None:
+        config = nats.js.api.StreamConfig(
+            name=spec.name,
+            subjects=list(spec.subjects),
+            storage=nats.js.api.StorageType(spec.storage),
+            duplicate_window=spec.duplicate_window,
+            num_replicas=spec.replicas,
+        )
+        with mapped(f"cannot create stream {spec.name!r}", self.destination):
+            try:
+                await js.stream_info(spec.name)
+            except nats.js.errors.NotFoundError:
+                await js.add_stream(config)
+
+    async def _read_stream_info(self, js: JetStreamContext) -> None:
+        """Learn the duplicate window of the stream we publish to, when it is knowable."""
+        name = self.cfg.expected_stream or (self.cfg.create_stream.name if self.cfg.create_stream else None)
+        try:
+            if name is None and self._template.is_static:
+                name = await js.find_stream_name_by_subject(self.cfg.subject)
+            if name is not None:
+                info = await js.stream_info(name)
+                self._dedupe_window = info.config.duplicate_window or None
+        except (TimeoutError, nats.errors.Error) as exc:
+            # not fatal: publishing reports a missing stream per message
+            log.debug("destination %s: no stream info: %s", self.destination, classify(exc)[1])
+
+    async def close(self) -> None:
+        nc, self._nc, self._acks = self._nc, None, None
+        if self._state in ("open", "reconnecting"):
+            self._state = "closed"
+        if nc is not None and not nc.is_closed:
+            try:
+                await nc.close()
+            except (TimeoutError, nats.errors.Error, OSError) as exc:
+                log.debug("destination %s: close: %s", self.destination, classify(exc)[1])
+
+    async def _ready(self) -> AckMux:
+        if self._state not in ("open", "reconnecting"):
+            raise UsageError(f"nats transport {self.destination!r} is {self._state}, not open")
+        if self._nc is None or self._nc.is_closed:
+            # the client gave up reconnecting (or was closed under us): start over, once for all senders
+            async with self._reopen_lock:
+                if (self._nc is None or self._nc.is_closed) and self._state != "closed":
+                    self._state = "reconnecting"
+                    await self.open()
+        if self._state == "closed" or self._acks is None:
+            raise UsageError(f"nats transport {self.destination!r} was closed")
+        return self._acks
+
+    # -- publishing ----------------------------------------------------------
+
+    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
+        acks = await self._ready()
+        results: list[SendResult | None] = [None] * len(batch)
+        lanes: dict[str, list[int]] = defaultdict(list)
+        for i, m in enumerate(batch):
+            lanes[m.key].append(i)
+
+        async def lane(indexes: list[int]) -> None:
+            for pos, i in enumerate(indexes):
+                results[i] = r = await self._publish(acks, batch[i])
+                if not isinstance(r, Delivered):
+                    for j in indexes[pos + 1 :]:
+                        results[j] = RetryLater("an earlier message of this stream failed in the same batch")
+                    return
+
+        await asyncio.gather(*(lane(ix) for ix in lanes.values()))
+        return [r if r is not None else RetryLater("not sent") for r in results]
+
+    async def _publish(self, acks: AckMux, m: Message) -> SendResult:
+        size = len(m.event.data)
+        if size > self._max_bytes:
+            return Rejected(f"message of {size} bytes exceeds max_message_bytes={self._max_bytes}")
+        if _WILDCARD.search(m.target):
+            return Rejected(f"invalid subject {m.target!r}: a message cannot be published to a wildcard or empty token")
+        headers = cloudevents.binary_headers(m.event)
+        headers["Nats-Msg-Id"] = m.event.id
+        if m.event.content_type:
+            headers["Content-Type"] = m.event.content_type
+        if self.cfg.expected_stream:
+            headers["Nats-Expected-Stream"] = self.cfg.expected_stream
+        try:
+            async with asyncio.timeout(self.cfg.ack_timeout):
+                ack = await (await acks.publish(m.target, m.event.data, headers))
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            return result_for(exc, m.target)
+        return Delivered(duplicate=bool(ack.get("duplicate")))
+
+    # -- probes --------------------------------------------------------------
+
+    async def check(self) -> str:
+        """Reachability and a stream bound to the subject (publish permission is
+        proven by the stream lookup going through the account's JetStream API).
+
+        :raises RetryableError: unreachable. :raises PermanentError: no stream.
+        """
+        was = self._state
+        nc = await connect(self.cfg, self.destination)
+        try:
+            if was == "reconnecting" and self._state == "closed":
+                raise UsageError(f"nats transport {self.destination!r} was closed while reconnecting")
+            js = nc.jetstream(timeout=self.cfg.ack_timeout)
+            if self.cfg.create_stream is not None:
+                await self._ensure_stream(js, self.cfg.create_stream)
+            probe = self._template.render(Event(type="outrelay.check", stream="check"))
+            try:
+                with mapped("stream lookup", self.destination):
+                    stream = await js.find_stream_name_by_subject(probe)
+            except TransportError as exc:
+                raise PermanentError(
+                    f"no JetStream stream covers subject {probe!r} on {self.cfg.where}: create one "
+                    f"(nats stream add --subjects '{probe}') or set create_stream",
+                    destination=self.destination,
+                ) from exc
+            if self.cfg.expected_stream and stream != self.cfg.expected_stream:
+                raise PermanentError(
+                    f"subject {probe!r} belongs to stream {stream!r}, not expected_stream "
+                    f"{self.cfg.expected_stream!r}: fix one of them",
+                    destination=self.destination,
+                )
+            with mapped(f"stream info {stream!r}", self.destination):
+                info = await js.stream_info(stream)
+            window = info.config.duplicate_window or 0
+            url = mask_url(nc.connected_url.geturl()) if nc.connected_url else self.cfg.where
+            return f"{url}: stream {stream!r} takes {probe!r} (dedupe window {window:g}s)"
+        finally:
+            await nc.close()
+
+    def reader(self, target: str, **options: Any) -> Reader:
+        from outrelay.transports.nats._reader import NatsReader
+
+        return NatsReader(self.cfg, target, destination=self.destination, **options)

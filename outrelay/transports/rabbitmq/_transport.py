@@ -1,0 +1,282 @@
+"""The ``rabbitmq`` transport: AMQP 0-9-1 with publisher confirms (aio-pika).
+
+Each event is published to ``exchange`` (a Template) with ``routing_key``
+(a Template) as one persistent message with ``message_id`` = event id,
+``content_type``, ``type`` and ``timestamp`` properties and the CloudEvents
+AMQP binding's ``cloudEvents_*`` headers. A message counts as delivered when
+the broker confirms it. ``mandatory`` (default on) makes an unroutable
+message a clear failure instead of a silent drop: ``unroutable =
+"permanent"`` rejects it (dead letter), ``"retryable"`` retries it (for a
+queue that is bound later).
+
+Per stream, the next message is published only after the previous one was
+confirmed, so a failed message never has a later message of its stream
+overtaking it on the queue (``ordered_batches``); different streams are
+pipelined on one confirm channel. One stream thus moves one message per
+confirm round trip; throughput comes from many streams per batch.
+
+A missing exchange is found with a passive declare on a side channel (a
+publish to it would close the publishing channel) and reported retryable,
+with how to fix it. Connection or channel loss is retryable; the next send
+reconnects. RabbitMQ has no broker-side dedupe: ``native_dedupe`` is false
+(consumers dedupe on ``message_id``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import aio_pika
+import aio_pika.abc
+import aiormq.exceptions
+
+from outrelay.core import cloudevents
+from outrelay.core.envelope import Event
+from outrelay.core.errors import PermanentError, RetryableError, UsageError
+from outrelay.core.templates import Template
+from outrelay.core.transport import (
+    Capabilities,
+    Delivered,
+    Message,
+    Reader,
+    Rejected,
+    RetryLater,
+    SendResult,
+    Transport,
+)
+from outrelay.transports.rabbitmq._config import RabbitMQConfig, bad_names, split_target
+from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, classify, mapped, result_for
+
+__all__ = ["HEADER_PREFIX", "RabbitMQConfig", "RabbitMQTransport", "connect"]
+
+log = logging.getLogger("outrelay.transports.rabbitmq")
+HEADER_PREFIX = "cloudEvents_"
+
+
+async def connect(cfg: RabbitMQConfig, destination: str, name: str = "outrelay") -> aio_pika.abc.AbstractConnection:
+    """One (non-robust) connection; reconnecting is the transport's job.
+
+    :raises RetryableError: broker unreachable within ``connect_timeout``.
+    :raises PermanentError: authentication or vhost refused.
+    """
+    with mapped(f"cannot connect to {cfg.where}", destination, cfg.secrets()):
+        return await asyncio.wait_for(
+            aio_pika.connect(
+                cfg.connection_url(),
+                ssl_context=cfg.ssl_context(),
+                timeout=cfg.connect_timeout,
+                client_properties={"connection_name": f"{name} ({destination})"},
+            ),
+            timeout=cfg.connect_timeout + 1.0,
+        )
+
+
+class RabbitMQTransport(Transport):
+    """See the module docstring."""
+
+    name = "rabbitmq"
+    Config = RabbitMQConfig
+
+    def __init__(self, config: RabbitMQConfig, *, destination: str = "rabbitmq") -> None:
+        super().__init__(config, destination=destination)
+        self.cfg: RabbitMQConfig = config
+        self._exchange_t = Template(config.exchange, where=f"destinations.{destination}.exchange")
+        self._key_t = Template(config.routing_key, where=f"destinations.{destination}.routing_key")
+        self._secrets = config.secrets()
+        self._conn: aio_pika.abc.AbstractConnection | None = None
+        self._channel: aio_pika.abc.AbstractChannel | None = None
+        self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
+        self._declare_lock = asyncio.Lock()
+        self._reopen_lock = asyncio.Lock()
+        self._state = "new"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            ordering_by_key=True,
+            ordered_batches=True,
+            native_dedupe=False,
+            max_batch_count=1000,
+            max_message_bytes=self.cfg.max_message_bytes,
+            cloudevents_modes=("binary",),
+            reader=True,
+        )
+
+    def target(self, event: Event) -> str:
+        return f"{self._exchange_t.render(event)}/{self._key_t.render(event)}"
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect and open a confirm channel. :raises RetryableError: broker unreachable."""
+        if self._state == "open" and self._usable():
+            return
+        was = self._state
+        await self._drop()
+        conn = await connect(self.cfg, self.destination)
+        try:
+            if was == "reconnecting" and self._state == "closed":
+                raise UsageError(f"rabbitmq transport {self.destination!r} was closed while reconnecting")
+            with mapped("cannot open a channel", self.destination, self._secrets):
+                channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn, self._channel, self._state = conn, channel, "open"
+
+    def _usable(self) -> bool:
+        return not (self._conn is None or self._conn.is_closed or self._channel is None or self._channel.is_closed)
+
+    async def _drop(self) -> None:
+        conn, self._conn, self._channel = self._conn, None, None
+        self._exchanges.clear()
+        if conn is not None and not conn.is_closed:
+            try:
+                await asyncio.wait_for(conn.close(), self.cfg.connect_timeout)
+            except (*VENDOR_ERRORS, RuntimeError) as exc:
+                log.debug("destination %s: close: %s", self.destination, classify(exc, self._secrets)[1])
+
+    async def close(self) -> None:
+        if self._state in ("open", "reconnecting"):
+            self._state = "closed"
+        await self._drop()
+
+    async def _ready(self) -> aio_pika.abc.AbstractChannel:
+        if self._state not in ("open", "reconnecting"):
+            raise UsageError(f"rabbitmq transport {self.destination!r} is {self._state}, not open")
+        if not self._usable():
+            # the connection or channel was lost: start over, once for all concurrent senders
+            async with self._reopen_lock:
+                if not self._usable() and self._state != "closed":
+                    self._state = "reconnecting"
+                    await self.open()
+        if self._state == "closed" or self._channel is None:
+            raise UsageError(f"rabbitmq transport {self.destination!r} was closed")
+        return self._channel
+
+    # -- publishing ----------------------------------------------------------
+
+    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
+        channel = await self._ready()
+        results: list[SendResult | None] = [None] * len(batch)
+        lanes: dict[str, list[int]] = defaultdict(list)
+        for i, m in enumerate(batch):
+            lanes[m.key].append(i)
+
+        async def lane(indexes: list[int]) -> None:
+            for pos, i in enumerate(indexes):
+                results[i] = r = await self._publish(channel, batch[i])
+                if not isinstance(r, Delivered):
+                    for j in indexes[pos + 1 :]:
+                        results[j] = RetryLater("an earlier message of this stream failed in the same batch")
+                    return
+
+        await asyncio.gather(*(lane(ix) for ix in lanes.values()))
+        return [r if r is not None else RetryLater("not sent") for r in results]
+
+    async def _publish(self, channel: aio_pika.abc.AbstractChannel, m: Message) -> SendResult:
+        event = m.event
+        if len(event.data) > self.cfg.max_message_bytes:
+            return Rejected(
+                f"message of {len(event.data)} bytes exceeds max_message_bytes={self.cfg.max_message_bytes}"
+            )
+        name, routing_key = split_target(m.target)
+        invalid = bad_names(name, routing_key)
+        if invalid is not None:
+            return Rejected(invalid)
+        message = aio_pika.Message(
+            event.data,
+            headers=cloudevents.binary_headers(event, prefix=HEADER_PREFIX),  # type: ignore[arg-type]
+            content_type=event.content_type,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+            if self.cfg.persistent
+            else aio_pika.DeliveryMode.NOT_PERSISTENT,
+            message_id=event.id,
+            timestamp=event.time,
+            type=event.type,
+            correlation_id=event.correlation_id,
+        )
+        try:
+            exchange = await self._exchange(channel, name)
+            await exchange.publish(message, routing_key, mandatory=self.cfg.mandatory, timeout=self.cfg.confirm_timeout)
+        except aiormq.exceptions.PublishError:
+            text = f"unroutable: no queue is bound to exchange {name!r} for routing key {routing_key!r}"
+            return RetryLater(text) if self.cfg.unroutable == "retryable" else Rejected(text)
+        except VENDOR_ERRORS as exc:
+            return result_for(exc, self._secrets, m.target)
+        return Delivered()
+
+    async def _exchange(self, channel: aio_pika.abc.AbstractChannel, name: str) -> aio_pika.abc.AbstractExchange:
+        """The exchange ``name``, checked to exist once per channel (passively, on a side channel)."""
+        # a lane still running on a channel that was replaced must not fill the new channel's cache
+        cache = self._exchanges if channel is self._channel else {}
+        found = cache.get(name)
+        if found is not None:
+            return found
+        async with self._declare_lock:
+            found = cache.get(name)
+            if found is None:
+                if not name:
+                    found = channel.default_exchange
+                elif self.cfg.declare_exchange:
+                    found = await channel.declare_exchange(name, self.cfg.exchange_type, durable=True)
+                else:
+                    await self._passive_declare(name)
+                    found = await channel.get_exchange(name, ensure=False)
+                cache[name] = found
+        return found
+
+    async def _passive_declare(self, name: str) -> None:
+        """:raises ChannelNotFoundEntity: no such exchange (only the side channel closes)."""
+        assert self._conn is not None
+        side = await self._conn.channel(publisher_confirms=False)
+        try:
+            await side.declare_exchange(name, passive=True, timeout=self.cfg.confirm_timeout)
+        finally:
+            if not side.is_closed:
+                await side.close()
+
+    # -- probes --------------------------------------------------------------
+
+    async def check(self) -> str:
+        """Reachability, credentials/vhost, and that the exchange (or default-exchange queue) exists.
+
+        :raises RetryableError: unreachable. :raises PermanentError: refused, or the exchange is missing.
+        """
+        probe = Event(type="outrelay.check", stream="check")
+        name, routing_key = split_target(self.target(probe))
+        conn = await connect(self.cfg, self.destination, name="outrelay check")
+        try:
+            channel = await conn.channel(publisher_confirms=False)
+            try:
+                if name:
+                    await channel.declare_exchange(name, passive=True, timeout=self.cfg.connect_timeout)
+                else:
+                    await channel.declare_queue(routing_key, passive=True, timeout=self.cfg.connect_timeout)
+            except aiormq.exceptions.ChannelNotFoundEntity as exc:
+                what = f"exchange {name!r}" if name else f"queue {routing_key!r} (default exchange)"
+                raise PermanentError(
+                    f"{what} does not exist on {self.cfg.where}: declare it, or set declare_exchange = true",
+                    destination=self.destination,
+                ) from exc
+            except VENDOR_ERRORS as exc:
+                retryable, message = classify(exc, self._secrets)
+                raise (RetryableError if retryable else PermanentError)(
+                    f"check of {self.cfg.where}: {message}", destination=self.destination
+                ) from exc
+        finally:
+            try:
+                await conn.close()
+            except (*VENDOR_ERRORS, RuntimeError):
+                pass
+        where = f"exchange {name!r}" if name else f"queue {routing_key!r} via the default exchange"
+        return f"{self.cfg.where}: {where} exists (write permission is checked by the broker per publish)"
+
+    def reader(self, target: str, **options: Any) -> Reader:
+        from outrelay.transports.rabbitmq._reader import RabbitMQReader
+
+        return RabbitMQReader(self.cfg, target, destination=self.destination, **options)

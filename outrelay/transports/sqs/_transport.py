@@ -1,0 +1,195 @@
+"""The ``sqs`` transport: Amazon SQS standard and FIFO queues through boto3.
+
+Each event is one message whose body is the structured CloudEvent
+(``application/cloudevents+json``; SQS carries at most 10 attributes, so
+the envelope travels in the body) plus the filter attributes of
+:func:`~outrelay.transports._aws.message_attributes`. ``queue_url`` may be a
+template (``https://sqs.../123/{category}.fifo``).
+
+FIFO queues (URL ending in ``.fifo``, or ``fifo = true``): ``MessageGroupId``
+= the stream, ``MessageDeduplicationId`` = the event id (both hashed with
+SHA-256 when they are not valid SQS ids), so SQS orders per stream and
+drops re-sends within its 5-minute window. A failed entry does not stop
+later entries of its group in the same ``SendMessageBatch``, so the
+transport declares ``ordered_batches = False`` and the relay sends at most
+one message per stream per batch. Standard queues neither order nor dedupe.
+
+``delay_seconds`` (0-900) delays delivery; SQS allows it only on standard
+queues (FIFO queues take a queue-level delay). Batches are split into
+requests of at most 10 entries and ``message_limit`` bytes; see
+:mod:`outrelay.transports._aws` for threading and error mapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from outrelay.core import cloudevents
+from outrelay.core.envelope import Event
+from outrelay.core.errors import TransportError
+from outrelay.core.templates import Template
+from outrelay.core.transport import Capabilities, Message, Reader, Received, SendResult, Transport
+from outrelay.transports._aws import AWSBase, AWSConfig, fifo_id, message_attributes
+from outrelay.transports._aws_batch import send_batch
+
+__all__ = ["SQSConfig", "SQSReader", "SQSTransport"]
+
+
+class SQSConfig(AWSConfig):
+    """``queue_url`` (template) and ``delay_seconds``; AWS options in :class:`AWSConfig`."""
+
+    queue_url: str
+    delay_seconds: int = Field(0, ge=0, le=900)
+
+    @model_validator(mode="after")
+    def _fifo_delay(self) -> SQSConfig:
+        fifo = self.fifo if self.fifo is not None else self.queue_url.endswith(".fifo")
+        if fifo and self.delay_seconds:
+            raise ValueError("delay_seconds is not allowed on FIFO queues (set DelaySeconds on the queue instead)")
+        return self
+
+
+class SQSTransport(Transport):
+    """See the module docstring."""
+
+    name = "sqs"
+    Config = SQSConfig
+
+    def __init__(self, config: SQSConfig, *, destination: str = "sqs") -> None:
+        super().__init__(config, destination=destination)
+        self.cfg = config
+        self._template = Template(config.queue_url, where=f"destinations.{destination}.queue_url")
+        self.fifo = config.fifo if config.fifo is not None else config.queue_url.endswith(".fifo")
+        self.aws = AWSBase("sqs", config, destination)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            ordering_by_key=self.fifo,
+            ordered_batches=False,
+            native_dedupe=self.fifo,
+            dedupe_window=300.0 if self.fifo else None,
+            max_batch_count=100,
+            max_batch_bytes=None,
+            max_message_bytes=self.cfg.max_data_bytes,
+            cloudevents_modes=("structured",),
+            reader=True,
+        )
+
+    def target(self, event: Event) -> str:
+        return self._template.render(event)
+
+    async def open(self) -> None:
+        """Create the client; probe a static queue (a down endpoint raises RetryableError)."""
+        await self.aws.start()
+        if self._template.is_static:
+            try:
+                await self._probe(self.cfg.queue_url)
+            except BaseException:
+                await self.aws.stop()
+                raise
+
+    async def _probe(self, url: str) -> dict[str, str]:
+        resp = await self.aws.call(
+            f"sqs GetQueueAttributes {url}", self.aws.client.get_queue_attributes, QueueUrl=url,
+            AttributeNames=["FifoQueue", "QueueArn"],
+        )
+        attrs: dict[str, str] = resp.get("Attributes", {})
+        return attrs
+
+    def _entry(self, m: Message, body: str) -> dict[str, Any]:
+        fields: dict[str, Any] = {"MessageBody": body, "MessageAttributes": message_attributes(m.event)}
+        if self.cfg.delay_seconds:
+            fields["DelaySeconds"] = self.cfg.delay_seconds
+        return fields
+
+    async def _api(self, target: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        resp: dict[str, Any] = await self.aws.call(
+            f"sqs SendMessageBatch {target}", self.aws.client.send_message_batch, QueueUrl=target, Entries=entries
+        )
+        return resp
+
+    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
+        self.aws.ensure_open()
+        return await send_batch(batch, self.cfg, self.fifo, self._entry, self._api)
+
+    async def close(self) -> None:
+        await self.aws.stop()
+
+    async def check(self) -> str:
+        """One line: the queue exists and is reachable (GetQueueAttributes)."""
+        url = self.target(Event(type="check", stream="check"))
+        opened_here = self.aws.client is None
+        try:
+            if opened_here:
+                await self.aws.start()
+            attrs = await self._probe(url)
+        except TransportError as exc:
+            raise self.aws.check_error(exc, f"that queue {url} exists") from exc
+        finally:
+            if opened_here:
+                await self.aws.stop()
+        kind = "FIFO" if attrs.get("FifoQueue") == "true" else "standard"
+        return f"sqs {kind} queue {attrs.get('QueueArn', url)} reachable"
+
+    def reader(self, target: str, **options: Any) -> Reader:
+        return SQSReader(AWSBase("sqs", self.cfg, self.destination), target, **options)
+
+
+class SQSReader(Reader):
+    """Receives (and deletes) messages from one queue, decoding the structured
+    CloudEvent body. It sees what is in the queue, including messages sent
+    before :meth:`start` (SQS cannot skip them): give it a fresh queue."""
+
+    def __init__(self, aws: AWSBase, queue_url: str, *, delete: bool = True) -> None:
+        self.aws = aws
+        self.queue_url = queue_url
+        self.delete = delete
+
+    async def start(self) -> None:
+        await self.aws.start()
+
+    async def read(self, count: int, timeout: float) -> list[Received]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        out: list[Received] = []
+        while len(out) < count:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            resp = await self.aws.call(
+                f"sqs ReceiveMessage {self.queue_url}", self.aws.client.receive_message,
+                QueueUrl=self.queue_url, MaxNumberOfMessages=min(10, count - len(out)),
+                WaitTimeSeconds=max(0, min(1, int(left))), MessageAttributeNames=["All"],
+                MessageSystemAttributeNames=["All"],
+            )
+            msgs = resp.get("Messages", [])
+            for msg in msgs:
+                out.append(self._decode(msg))
+            if msgs and self.delete:
+                await self.aws.call(
+                    f"sqs DeleteMessageBatch {self.queue_url}", self.aws.client.delete_message_batch,
+                    QueueUrl=self.queue_url,
+                    Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(msgs)],
+                )
+            if not msgs and left < 1:
+                await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
+        return out
+
+    def _decode(self, msg: dict[str, Any]) -> Received:
+        body = str(msg.get("Body", ""))
+        headers = {k: str(v.get("StringValue", "")) for k, v in msg.get("MessageAttributes", {}).items()}
+        event = cloudevents.from_structured(body)  # EventError: not an outrelay message
+        group = msg.get("Attributes", {}).get("MessageGroupId")
+        # The group id is the stream, or its SHA-256 when the stream is not a valid SQS id.
+        key = event.stream if group is None or group == fifo_id(event.stream) else group
+        return Received(event, self.queue_url, key, headers, body.encode(), cloudevents.STRUCTURED_CONTENT_TYPE)
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.aws.stop()

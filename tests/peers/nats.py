@@ -1,0 +1,138 @@
+"""NATS JetStream peers: the shared server and private ones for chaos tests.
+
+``OUTRELAY_NATS_URL`` points the tests at another server (default
+``nats://127.0.0.1:4222``). Every test makes its own uniquely named stream
+and deletes it afterwards. :class:`NatsServer` runs a private
+``nats-server -js`` with file storage that a test may kill -9 and restart
+on the same port and directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import nats
+import nats.js.api
+import pytest
+
+from tests.services import free_port, need, port_open, wait_port
+
+__all__ = ["NatsServer", "StreamFactory", "nats_server", "nats_streams", "nats_url", "private_nats_server"]
+
+NATS_SERVER_BIN = os.environ.get("OUTRELAY_NATS_SERVER_BIN") or shutil.which("nats-server") or "/usr/sbin/nats-server"
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> str:
+    """The NATS server under test; skips (fails in CI) when it is unreachable."""
+    url = os.environ.get("OUTRELAY_NATS_URL", "nats://127.0.0.1:4222")
+    parts = urlsplit(url)
+    if not port_open(parts.hostname or "127.0.0.1", parts.port or 4222):
+        need(
+            "NATS JetStream",
+            f"nothing listens at {parts.hostname}:{parts.port}; start nats-server -js or set OUTRELAY_NATS_URL",
+        )
+    return url
+
+
+class StreamFactory:
+    """Creates unique streams on one server and deletes them at teardown."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.created: list[str] = []
+
+    async def __call__(
+        self, prefix: str = "t", *, duplicate_window: float = 120.0, storage: str = "memory"
+    ) -> tuple[str, str]:
+        """Create a stream; return ``(stream_name, subject_prefix)`` (the stream takes ``prefix.>``)."""
+        tag = uuid.uuid4().hex[:10]
+        name, subject = f"OR_{prefix}_{tag}".upper(), f"or.{prefix}.{tag}"
+        nc = await nats.connect(self.url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=1)
+        try:
+            await nc.jetstream().add_stream(
+                name=name,
+                subjects=[f"{subject}.>"],
+                storage=nats.js.api.StorageType(storage),
+                duplicate_window=duplicate_window,
+            )
+        finally:
+            await nc.close()
+        self.created.append(name)
+        return name, subject
+
+    async def delete_all(self) -> None:
+        if not self.created:
+            return
+        nc = await nats.connect(self.url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=1)
+        try:
+            js = nc.jetstream()
+            for name in self.created:
+                with contextlib.suppress(nats.js.errors.NotFoundError):
+                    await js.delete_stream(name)
+        finally:
+            await nc.close()
+
+
+@pytest.fixture
+async def nats_streams(nats_url: str) -> AsyncIterator[StreamFactory]:
+    """``await nats_streams("prefix")`` makes a fresh stream, deleted after the test."""
+    factory = StreamFactory(nats_url)
+    yield factory
+    await factory.delete_all()
+
+
+class NatsServer:
+    """A private ``nats-server -js`` with file storage in ``store_dir`` (kill/restart at will)."""
+
+    def __init__(self, store_dir: Path, port: int | None = None, args: Sequence[str] = ()) -> None:
+        self.store_dir = store_dir
+        self.port = port or free_port()
+        self.args = tuple(args)  # e.g. ("--user", "u", "--pass", "p") or TLS options
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        args = [NATS_SERVER_BIN, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir), *self.args]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not wait_port("127.0.0.1", self.port, 10):
+            self.kill()
+            raise RuntimeError(f"nats-server did not listen on {self.port}")
+
+    def kill(self) -> None:
+        """kill -9: no shutdown, no flush."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A private, started JetStream server; always killed at teardown."""
+    with private_nats_server(tmp_path) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def private_nats_server(tmp_path: Path, args: Sequence[str] = ()) -> Iterator[NatsServer]:
+    """Start a private JetStream server with extra ``args``; kill it on exit."""
+    if not os.path.exists(NATS_SERVER_BIN):
+        need("nats-server binary", f"{NATS_SERVER_BIN} not found; set OUTRELAY_NATS_SERVER_BIN")
+    server = NatsServer(tmp_path / f"js-{uuid.uuid4().hex[:6]}", args=args)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()

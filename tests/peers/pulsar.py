@@ -1,0 +1,69 @@
+"""Pulsar peer for the tests: pulsar-lite, or an external broker.
+
+``pulsar_url`` (session fixture) starts ``pulsar-lite --addr 127.0.0.1:PORT
+--db-path DIR`` from the installed ``pulsar-lite`` wheel on a free port, or
+uses ``OUTRELAY_PULSAR_URL`` when set (a real Pulsar, e.g.
+``pulsar://127.0.0.1:6650``). pulsar-lite speaks the Pulsar binary protocol
+but has no broker-side deduplication, so tests against it run the transport
+with ``deduplication = false`` unless ``OUTRELAY_PULSAR_DEDUP=1`` says the
+external namespace has it enabled.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.services import free_port, need, wait_port
+
+__all__ = ["pulsar_binary", "pulsar_dedup", "pulsar_url"]
+
+
+def pulsar_binary() -> Path | None:
+    """The pulsar-lite executable inside the installed wheel, if any."""
+    try:
+        import pulsar_lite
+    except ImportError:
+        return None
+    path = Path(pulsar_lite.__file__).parent / "bin" / "pulsar-lite"
+    return path if path.exists() else None
+
+
+def pulsar_dedup() -> bool:
+    """True when the broker under test deduplicates (external, declared by the user)."""
+    return bool(os.environ.get("OUTRELAY_PULSAR_URL")) and os.environ.get("OUTRELAY_PULSAR_DEDUP", "") == "1"
+
+
+@pytest.fixture(scope="session")
+def pulsar_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Pulsar service URL: external (``OUTRELAY_PULSAR_URL``) or our own pulsar-lite."""
+    external = os.environ.get("OUTRELAY_PULSAR_URL")
+    if external:
+        yield external
+        return
+    binary = pulsar_binary()
+    if binary is None:
+        need("pulsar-lite", "the pulsar-lite wheel is missing; pip install pulsar-lite or set OUTRELAY_PULSAR_URL")
+    port = free_port()
+    base = tmp_path_factory.mktemp("pulsar")
+    log = (base / "pulsar-lite.log").open("wb")
+    proc = subprocess.Popen(
+        [str(binary), "--addr", f"127.0.0.1:{port}", "--db-path", str(base / "db"), "--log-level", "warn"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=base,
+    )
+    try:
+        if not wait_port("127.0.0.1", port, timeout=30):
+            need("pulsar-lite", f"pulsar-lite did not listen on 127.0.0.1:{port} within 30 s")
+        yield f"pulsar://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -1,0 +1,261 @@
+"""The nats transport against a real JetStream server."""
+
+# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from outrelay import Delivered, Event, Message, PermanentError, Rejected, RetryableError, RetryLater, UsageError
+from outrelay.core import cloudevents
+from outrelay.transports.nats._config import NatsConfig, mask_url
+from outrelay.transports.nats._transport import NatsTransport
+from tests.peers.nats import StreamFactory, nats_streams, nats_url, private_nats_server  # noqa: F401
+from tests.services import free_port
+
+
+def _messages(t: NatsTransport, events: list[Event]) -> list[Message]:
+    return [Message(e, t.target(e), e.stream) for e in events]
+
+
+@pytest.fixture
+async def stream(nats_streams: StreamFactory) -> tuple[str, str]:
+    return await nats_streams("nt", duplicate_window=60)
+
+
+class TestConfig:
+    def test_secrets_never_print(self) -> None:
+        """Token and password are masked in the config repr and a URL password in messages."""
+        cfg = NatsConfig(user="relay", password="hunter2")
+        assert "hunter2" not in repr(cfg)
+        assert NatsConfig(token="s3cret").token is not None and "s3cret" not in repr(NatsConfig(token="s3cret"))
+        assert mask_url("nats://relay:hunter2@h:4222") == "nats://relay:***@h:4222"
+        assert "hunter2" not in repr(NatsConfig(servers=("nats://relay:hunter2@h:4222",)))
+        assert mask_url("nats://tok@h:4222") == "nats://***@h:4222"
+
+    def test_one_kind_of_credentials(self) -> None:
+        """Giving a token and a user/password together is a config error."""
+        with pytest.raises(ValueError, match="one kind of credentials"):
+            NatsConfig(token="a", user="u", password="p")
+
+
+class TestPublish:
+    async def test_headers_and_payload(self, nats_url: str, stream: tuple[str, str]) -> None:
+        """A message carries the bytes, ce-* headers, Content-Type and Nats-Msg-Id = event id."""
+        name, prefix = stream
+        t = NatsTransport(NatsConfig(servers=(nats_url,), subject=prefix + ".{type}", expected_stream=name))
+        await t.open()
+        try:
+            ev = Event(type="order.created", stream="o-1", data={"n": 1}, tenant="acme", labels={"a": "b"})
+            async with t.reader(f"{prefix}.>") as r:
+                assert await t.send(_messages(t, [ev])) == [Delivered()]
+                (got,) = await r.read(1, 5)
+            assert got.target == f"{prefix}.order.created"
+            assert got.body == ev.data and got.content_type == "application/json"
+            assert got.headers["Nats-Msg-Id"] == ev.id
+            assert got.headers["ce-id"] == ev.id and got.headers["ce-partitionkey"] == "o-1"
+            assert got.event == cloudevents.from_binary(
+                cloudevents.binary_headers(ev), ev.data, content_type=ev.content_type
+            )
+            assert got.key == "o-1"
+        finally:
+            await t.close()
+
+    async def test_resend_is_reported_duplicate(self, nats_url: str, stream: tuple[str, str]) -> None:
+        """A re-sent event id inside the duplicate window is acked as a duplicate and stored once."""
+        name, prefix = stream
+        t = NatsTransport(NatsConfig(servers=(nats_url,), subject=prefix + ".x", expected_stream=name))
+        await t.open()
+        assert t.capabilities.native_dedupe and t.capabilities.dedupe_window == 60
+        try:
+            ev = Event(type="t", stream="s")
+            async with t.reader(f"{prefix}.x") as r:
+                assert await t.send(_messages(t, [ev])) == [Delivered()]
+                assert await t.send(_messages(t, [ev])) == [Delivered(duplicate=True)]
+                assert len(await r.read(5, 1.0)) == 1
+        finally:
+            await t.close()
+
+    async def test_order_per_stream_in_one_batch(self, nats_url: str, stream: tuple[str, str]) -> None:
+        """A batch holding several messages per stream arrives in batch order per stream."""
+        _, prefix = stream
+        t = NatsTransport(NatsConfig(servers=(nats_url,), subject=prefix + ".{stream}"))
+        await t.open()
+        try:
+            events = [Event(type="t", stream=f"s{i % 7}", data={"i": i}) for i in range(700)]
+            async with t.reader(f"{prefix}.>") as r:
+                results = await t.send(_messages(t, events))
+                assert all(isinstance(x, Delivered) for x in results)
+                got = await r.read(700, 10)
+            for s in range(7):
+                want = [e.id for e in events if e.stream == f"s{s}"]
+                assert [g.event.id for g in got if g.event.stream == f"s{s}"] == want
+        finally:
+            await t.close()
+
+    async def test_reopens_a_closed_connection(self, nats_url: str, stream: tuple[str, str]) -> None:
+        """When the client connection is closed under the transport, the next send reconnects by itself."""
+        _, prefix = stream
+        t = NatsTransport(NatsConfig(servers=(nats_url,), subject=prefix + ".x"))
+        await t.open()
+        try:
+            assert t._nc is not None
+            await t._nc.close()  # what giving up on reconnecting looks like
+            assert await t.send(_messages(t, [Event(type="t", stream="s")])) == [Delivered()]
+        finally:
+            await t.close()
+
+    async def test_oversized_is_rejected(self, nats_url: str, stream: tuple[str, str]) -> None:
+        """Data over max_message_bytes is Rejected; exactly at the limit is delivered."""
+        _, prefix = stream
+        t = NatsTransport(NatsConfig(servers=(nats_url,), subject=prefix + ".big", max_message_bytes=2000))
+        await t.open()
+        try:
+            ok, big = Event(type="t", stream="s", data=b"x" * 2000), Event(type="t", stream="s2", data=b"x" * 2001)
+            ok_r, big_r = await t.send(_messages(t, [ok, big]))
+            assert ok_r == Delivered() and isinstance(big_r, Rejected)
+        finally:
+            await t.close()
+
+
+class TestErrors:
+    async def test_unreachable_open_is_retryable_and_quick(self) -> None:
+        """open() against a port where nothing listens raises RetryableError within a second or two."""
+        t = NatsTransport(NatsConfig(servers=(f"nats://u:pw123@127.0.0.1:{free_port()}",), connect_timeout=1))
+        started = time.monotonic()
+        with pytest.raises(RetryableError) as info:
+            await t.open()
+        assert time.monotonic() - started < 5
+        assert "pw123" not in str(info.value) and "***" in str(info.value)
+
+    async def test_no_stream_for_subject(self, nats_url: str) -> None:
+        """Publishing where no stream listens is RetryLater naming the missing stream; check() says how to fix."""
+        t = NatsTransport(NatsConfig(servers=(nats_url,), subject="outrelay.nostream.{stream}"))
+        await t.open()
+        try:
+            (r,) = await t.send(_messages(t, [Event(type="t", stream="s")]))
+            assert isinstance(r, RetryLater) and "no JetStream stream" in r.error
+        finally:
+            await t.close()
+        with pytest.raises(PermanentError, match="no JetStream stream covers subject"):
+            await t.check()
+
+    async def test_wrong_expected_stream_is_rejected(self, nats_url: str, stream: tuple[str, str]) -> None:
+        """Nats-Expected-Stream naming another stream is a permanent failure, and later messages of the stream wait."""
+        _, prefix = stream
+        t = NatsTransport(NatsConfig(servers=(nats_url,), subject=prefix + ".x", expected_stream="NOT_THIS_ONE"))
+        await t.open()
+        try:
+            a, b = Event(type="t", stream="s"), Event(type="t", stream="s")
+            ra, rb = await t.send(_messages(t, [a, b]))
+            assert isinstance(ra, Rejected) and "expected_stream" in ra.reason
+            assert isinstance(rb, RetryLater)
+        finally:
+            await t.close()
+
+    async def test_send_after_close(self, nats_url: str) -> None:
+        """send() after close() raises UsageError; close() is idempotent."""
+        t = NatsTransport(NatsConfig(servers=(nats_url,)))
+        await t.open()
+        await t.close()
+        await t.close()
+        with pytest.raises(UsageError):
+            await t.send([])
+
+
+class TestCheck:
+    async def test_check_line(self, nats_url: str, stream: tuple[str, str]) -> None:
+        """check() names the server, the stream taking the subject and its dedupe window, in one line."""
+        name, prefix = stream
+        t = NatsTransport(NatsConfig(servers=(nats_url,), subject=prefix + ".{type}"))
+        line = await t.check()
+        assert name in line and "dedupe window 60s" in line and "\n" not in line
+
+    async def test_check_unreachable(self) -> None:
+        """check() against a dead port raises RetryableError."""
+        t = NatsTransport(NatsConfig(servers=(f"nats://127.0.0.1:{free_port()}",), connect_timeout=1))
+        with pytest.raises(RetryableError, match="cannot connect"):
+            await t.check()
+
+    async def test_create_stream_for_dev(self, nats_url: str, nats_streams: StreamFactory) -> None:
+        """create_stream makes the stream at open and declares its duplicate window."""
+        import uuid
+
+        tag = uuid.uuid4().hex[:8]
+        name = f"OR_DEV_{tag}".upper()
+        nats_streams.created.append(name)  # deleted at teardown
+        t = NatsTransport(
+            NatsConfig(
+                servers=(nats_url,),
+                subject=f"or.dev.{tag}.{{type}}",
+                create_stream={
+                    "name": name,
+                    "subjects": [f"or.dev.{tag}.>"],
+                    "storage": "memory",
+                    "duplicate_window": 30,
+                },
+            )
+        )
+        assert t.capabilities.dedupe_window == 30
+        await t.open()
+        try:
+            assert await t.send(_messages(t, [Event(type="t", stream="s")])) == [Delivered()]
+        finally:
+            await t.close()
+
+
+@pytest.fixture
+def tls_cert(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (cert, key), made with the openssl CLI."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+class TestSecurity:
+    async def test_user_password(self, tmp_path: Path) -> None:
+        """user/password authenticate; a wrong password is a PermanentError that never shows the password."""
+        with private_nats_server(tmp_path, ["--user", "relay", "--pass", "s3cret-pw"]) as server:
+            spec = {"name": "AUTH", "subjects": ["auth.>"], "storage": "memory"}
+            good = NatsTransport(
+                NatsConfig(
+                    servers=(server.url,), user="relay", password="s3cret-pw", subject="auth.x", create_stream=spec
+                )
+            )
+            await good.open()
+            try:
+                assert await good.send(_messages(good, [Event(type="t", stream="s")])) == [Delivered()]
+            finally:
+                await good.close()
+            bad = NatsTransport(NatsConfig(servers=(server.url,), user="relay", password="wrong-pw", connect_timeout=1))
+            with pytest.raises(PermanentError, match="authorization") as info:
+                await bad.open()
+            assert "wrong-pw" not in str(info.value)
+
+    async def test_tls(self, tmp_path: Path, tls_cert: tuple[Path, Path]) -> None:
+        """A tls:// server with a private CA is reached with tls_ca_file, and messages are acked over TLS."""
+        cert, key = tls_cert
+        args = ["--tls", "--tlscert", str(cert), "--tlskey", str(key)]
+        with private_nats_server(tmp_path, args) as server:
+            spec = {"name": "TLS", "subjects": ["tls.>"], "storage": "memory"}
+            t = NatsTransport(
+                NatsConfig(servers=(f"tls://127.0.0.1:{server.port}",), tls_ca_file=str(cert), subject="tls.x",
+                           create_stream=spec)
+            )  # fmt: skip
+            await t.open()
+            try:
+                assert await t.send(_messages(t, [Event(type="t", stream="s")])) == [Delivered()]
+                assert "tls://127.0.0.1" in await t.check()
+            finally:
+                await t.close()
