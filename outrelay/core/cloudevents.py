@@ -59,7 +59,7 @@ def attributes(event: Event) -> dict[str, str]:
         "id": event.id,
         "source": event.source,
         "type": event.type,
-        "time": event.time.isoformat().replace("+00:00", "Z"),
+        "time": event.time_text,
         "partitionkey": event.stream,
         "streamid": event.stream,
     }

@@ -79,6 +79,7 @@ class Event:
     content_type: str | None = None
     metadata: Mapping[str, str] = dataclasses.field(default_factory=lambda: _EMPTY)
     sequence: int | None = None
+    _time_text: str | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -119,6 +120,15 @@ class Event:
 
     # -- derived views --------------------------------------------------
 
+    @property
+    def time_text(self) -> str:
+        """``time`` as RFC 3339 UTC text (``...Z``), computed once per event."""
+        text = self._time_text
+        if text is None:
+            text = self.time.isoformat().replace("+00:00", "Z")
+            object.__setattr__(self, "_time_text", text)
+        return text
+
     def json(self) -> Any:
         """Decode ``data`` as JSON. :raises EventError: if it is not JSON."""
         try:
@@ -145,7 +155,7 @@ class Event:
             "type": self.type,
             "stream": self.stream,
             "source": self.source,
-            "time": self.time.isoformat().replace("+00:00", "Z"),
+            "time": self.time_text,
             "tenant": self.tenant,
             "correlation_id": self.correlation_id,
             "causation_id": self.causation_id,
@@ -170,7 +180,9 @@ class Event:
         set_ = object.__setattr__
         for name in _PLAIN_FIELDS:
             set_(self, name, attrs.get(name))
-        set_(self, "time", datetime.fromisoformat(str(attrs["time"]).replace("Z", "+00:00")))
+        text = str(attrs["time"])
+        set_(self, "time", datetime.fromisoformat(text.replace("Z", "+00:00")))
+        set_(self, "_time_text", text)
         labels, metadata = attrs.get("labels"), attrs.get("metadata")
         set_(self, "labels", MappingProxyType(labels) if labels else _EMPTY)
         set_(self, "metadata", MappingProxyType(metadata) if metadata else _EMPTY)
