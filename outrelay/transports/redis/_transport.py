@@ -1,0 +1,257 @@
+"""The ``redis`` transport: Redis Streams via redis-py asyncio.
+
+Each event is one ``XADD`` entry on the key rendered from the ``stream``
+template. Binary mode (default) stores the CloudEvents attributes as
+``ce_*`` fields, ``content-type`` and the raw ``data``; structured mode
+stores ``content-type: application/cloudevents+json`` and the JSON event as
+``data``. ``maxlen`` adds ``MAXLEN ~`` trimming.
+
+Sending: by default one ``EVALSHA`` of a small Lua script appends the whole
+batch atomically and in order, skipping the later events of a stream once
+one of its XADDs failed; ``batching = "pipeline"`` uses pipelined waves
+instead (no scripting permission needed). Both keep ``ordered_batches``
+honest; see :mod:`outrelay.transports.redis._batch`.
+
+Dedupe: on Redis >= 8.6 (detected at open) ``XADD ... IDMP producer_id
+event_id`` makes a re-sent event a no-op and ``native_dedupe`` is declared;
+on older servers there is no native dedupe. Capabilities are therefore only
+final after :meth:`open`.
+
+:raises RetryableError: from ``open`` when the server is unreachable within
+    ``connect_timeout``; PermanentError when authentication fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from outrelay.core import cloudevents
+from outrelay.core.envelope import Event
+from outrelay.core.errors import PermanentError, TransportError, UsageError
+from outrelay.core.templates import Template
+from outrelay.core.transport import (
+    Capabilities,
+    Delivered,
+    Message,
+    Reader,
+    Rejected,
+    RetryLater,
+    SendResult,
+    Transport,
+)
+from outrelay.transports.redis._batch import HELD, XADD_SCRIPT, Entry, send_pipelined, send_scripted
+from outrelay.transports.redis._config import RedisConfig
+from outrelay.transports.redis._errors import describe, map_redis_errors
+
+__all__ = ["RedisConfig", "RedisTransport", "connect", "encode"]
+
+IDMP_VERSION = (8, 6)
+CHUNK_BYTES = 4 * 1024 * 1024  # per script call / pipeline: bounds memory and the server's time in one script
+
+
+def connect(cfg: RedisConfig) -> aioredis.Redis:
+    """A client for ``cfg`` without redis-py's own retries (the relay retries)."""
+    kwargs: dict[str, Any] = {
+        "username": cfg.username,
+        "password": cfg.password.get_secret_value() if cfg.password else None,
+        "socket_connect_timeout": cfg.connect_timeout,
+        "socket_timeout": cfg.socket_timeout,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if cfg.tls:
+        kwargs.update(
+            ssl_ca_certs=cfg.ssl_ca_certs,
+            ssl_certfile=cfg.ssl_certfile,
+            ssl_keyfile=cfg.ssl_keyfile,
+            ssl_check_hostname=cfg.ssl_check_hostname,
+        )
+    return aioredis.Redis.from_url(cfg.url, **kwargs)
+
+
+def encode(event: Event, mode: str) -> dict[str, str | bytes]:
+    """The XADD fields of ``event`` in binary or structured mode."""
+    if mode == "structured":
+        return {"content-type": cloudevents.STRUCTURED_CONTENT_TYPE, "data": cloudevents.to_structured(event)}
+    fields: dict[str, str | bytes] = dict(cloudevents.binary_headers(event, "ce_"))
+    if event.content_type:
+        fields["content-type"] = event.content_type
+    fields["data"] = event.data
+    return fields
+
+
+def _version(info: dict[str, Any]) -> tuple[int, ...]:
+    raw = str(info.get("redis_version", "0"))
+    return tuple(int(p) for p in raw.split(".")[:3] if p.isdigit())
+
+
+class RedisTransport(Transport):
+    """See the module docstring."""
+
+    name = "redis"
+    Config = RedisConfig
+
+    def __init__(self, config: RedisConfig, *, destination: str = "redis") -> None:
+        super().__init__(config, destination=destination)
+        self.cfg: RedisConfig = config
+        self._template = Template(config.stream, where=f"destinations.{destination}.stream")
+        self._client: aioredis.Redis | None = None
+        self._state = "new"
+        self.server_version: tuple[int, ...] | None = None
+        self._idmp = False
+        self._script: Any = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            ordering_by_key=True,
+            ordered_batches=True,
+            native_dedupe=self._idmp,
+            dedupe_window=self.cfg.dedupe_window if self._idmp else None,
+            max_batch_count=1000,
+            max_message_bytes=self.cfg.max_message_bytes,
+            cloudevents_modes=("binary", "structured"),
+            reader=True,
+        )
+
+    def target(self, event: Event) -> str:
+        return self._template.render(event)
+
+    @property
+    def _where(self) -> str:
+        return self.cfg.url
+
+    async def open(self) -> None:
+        if self._state == "open":
+            return
+        client = connect(self.cfg)
+        try:
+            with map_redis_errors(f"connect to {self._where}", self.destination):
+                info = await client.info("server")
+        except BaseException:
+            await client.aclose()
+            raise
+        self.server_version = _version(info)
+        self._idmp = self.cfg.dedupe == "auto" and self.server_version >= IDMP_VERSION
+        self._client = client
+        self._script = client.register_script(XADD_SCRIPT) if self.cfg.batching == "script" else None
+        self._state = "open"
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if self._state == "open":
+            self._state = "closed"
+        if client is not None:
+            with contextlib.suppress(Exception):  # closing: nothing useful to report to the caller
+                await client.aclose()
+
+    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
+        client = self._client
+        if self._state != "open" or client is None:
+            raise UsageError(f"redis transport {self.destination!r} is {self._state}, not open")
+        results: list[SendResult | None] = [None] * len(batch)
+        failed: set[str] = set()
+        limit = self.cfg.max_message_bytes
+        head: list[Any] = [] if self.cfg.maxlen is None else ["MAXLEN", "~", self.cfg.maxlen]
+        chunks: list[list[tuple[int, Entry]]] = [[]]
+        size = 0
+        for i, m in enumerate(batch):
+            if m.key in failed:
+                results[i] = RetryLater(HELD)
+                continue
+            if len(m.event.data) > limit:
+                results[i] = Rejected(f"message of {len(m.event.data)} bytes exceeds max_message_bytes={limit}")
+                failed.add(m.key)  # its later events are held in this loop
+                continue
+            options = ["IDMP", self.cfg.producer_id, m.event.id, *head] if self._idmp else head
+            size += len(m.event.data) + 1024
+            if size > CHUNK_BYTES and chunks[-1]:  # keep one command (and the server's script time) bounded
+                chunks.append([])
+                size = len(m.event.data) + 1024
+            chunks[-1].append((i, Entry(m.key, m.target, options, encode(m.event, self.cfg.mode))))
+        failed = set()  # from here on: streams whose XADD failed (later chunks hold their events)
+        for n, chunk in enumerate(chunks):
+            todo = [(i, e) for i, e in chunk if e.stream not in failed]
+            for i, e in chunk:
+                if e.stream in failed:
+                    results[i] = RetryLater(HELD)
+            if not todo:
+                continue
+            try:
+                with map_redis_errors(f"XADD to {self._where}", self.destination):
+                    if self._script is not None:
+                        outcomes = await send_scripted(self._script, [e for _, e in todo])
+                    else:
+                        outcomes = await send_pipelined(client, [e for _, e in todo])
+            except TransportError as exc:
+                if n == 0:
+                    raise  # nothing went out: the whole batch failed
+                outcome: SendResult = Rejected(str(exc)) if isinstance(exc, PermanentError) else RetryLater(str(exc))
+                for later in chunks[n:]:
+                    for i, _ in later:
+                        results[i] = results[i] or outcome
+                break
+            for (i, e), outcome in zip(todo, outcomes, strict=True):
+                results[i] = outcome
+                if not isinstance(outcome, Delivered):
+                    failed.add(e.stream)
+        return [r if r is not None else RetryLater("no outcome recorded") for r in results]
+
+    async def check(self) -> str:
+        """PING, server version, and for a static key: that it is a stream (or absent)
+        and, where ``ACL DRYRUN`` is allowed, that this user may XADD to it."""
+        opened_here = self._state != "open"
+        await self.open()
+        assert self._client is not None
+        client = self._client
+        try:
+            version = ".".join(map(str, self.server_version or ()))
+            head = f"redis {self._where} reachable (Redis {version}, dedupe {'IDMP' if self._idmp else 'none'})"
+            if not self._template.is_static:
+                return f"{head}; keys from template {self.cfg.stream!r} are resolved at publish"
+            key = self.cfg.stream
+            with map_redis_errors(f"TYPE {key}", self.destination):
+                kind = await client.type(key)
+            kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+            if kind not in ("none", "stream"):
+                raise PermanentError(
+                    f"redis key {key!r} holds a {kind}, not a stream: delete it or choose another `stream`",
+                    destination=self.destination,
+                )
+            permission = await self._dryrun(client, key)
+            return f"{head}; stream {key!r} {'exists' if kind == 'stream' else 'will be created'}; {permission}"
+        finally:
+            if opened_here:
+                await self.close()
+                self._state = "new"
+
+    async def _dryrun(self, client: aioredis.Redis, key: str) -> str:
+        commands: list[tuple[str, ...]] = [("XADD", key, "*", "f", "v")]
+        if self._script is not None:
+            commands.append(("EVALSHA", self._script.sha, "1", key, "0"))
+        try:
+            raw_user = await client.acl_whoami()
+            user = raw_user.decode() if isinstance(raw_user, bytes) else str(raw_user)
+            replies = [await client.acl_dryrun(user, *command) for command in commands]
+        except Exception as exc:  # DRYRUN itself may be forbidden or unknown (Redis < 7)
+            return f"publish permission not verified ({describe(exc)[:60]})"
+        for command, reply in zip(commands, replies, strict=True):
+            text = reply.decode() if isinstance(reply, bytes) else str(reply)
+            if text != "OK":
+                fix = "+xadd on the key pattern" if command[0] == "XADD" else '+evalsha +eval, or batching = "pipeline"'
+                raise PermanentError(
+                    f"redis user {user!r} may not {command[0]} on {key!r}: {text} (grant {fix})",
+                    destination=self.destination,
+                )
+        return f"user {user!r} may {' and '.join(c[0] for c in commands)}"
+
+    def reader(self, target: str, **options: Any) -> Reader:
+        """A consumer-group reader of ``target`` (options: ``group``, ``consumer``, ``from_beginning``)."""
+        from outrelay.transports.redis._reader import RedisReader
+
+        return RedisReader(self.cfg, target, **options)

@@ -1,0 +1,266 @@
+# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
+"""Integration tests of the kafka transport against a real Kafka-API broker (tansu or OUTRELAY_KAFKA_BOOTSTRAP)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from outrelay import Event, Message, PermanentError, Rejected, RetryableError, RetryLater, UsageError
+from outrelay.core import cloudevents
+from outrelay.core.transport import Delivered
+from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
+from tests.peers.kafka import KafkaPeer, kafka_peer, new_topic  # noqa: F401
+
+
+def make(peer: KafkaPeer, topic: str, **extra: object) -> KafkaTransport:
+    return KafkaTransport(KafkaConfig.model_validate(peer.options(topic, **extra)), destination="k")
+
+
+def msg(t: KafkaTransport, ev: Event) -> Message:
+    return Message(ev, t.target(ev), ev.stream)
+
+
+class TestKafkaSend:
+    async def test_binary_mode_round_trip(self, kafka_peer: KafkaPeer) -> None:
+        """Binary mode carries ce_* headers, a content-type header, the stream as key and the data verbatim."""
+        topic = await new_topic(kafka_peer)
+        t = make(kafka_peer, topic)
+        await t.open()
+        try:
+            ev = Event(type="order.created", stream="order-1", data={"n": 1}, tenant="acme", metadata={"a": "b"})
+            async with t.reader(topic) as r:
+                assert await t.send([msg(t, ev)]) == [Delivered()]
+                got = await r.read(1, 10)
+        finally:
+            await t.close()
+        assert len(got) == 1
+        rec = got[0]
+        assert rec.key == "order-1"
+        assert rec.body == ev.data
+        assert rec.headers["ce_id"] == ev.id and rec.headers["ce_specversion"] == "1.0"
+        assert rec.headers["content-type"] == "application/json"
+        assert rec.event == ev.replace(sequence=None)
+
+    async def test_structured_mode_round_trip(self, kafka_peer: KafkaPeer) -> None:
+        """Structured mode puts the JSON CloudEvent in the value and the reader rebuilds the event."""
+        topic = await new_topic(kafka_peer)
+        t = make(kafka_peer, topic, mode="structured")
+        await t.open()
+        try:
+            ev = Event(type="x.y", stream="s", data=b"\x00\x01binary")
+            async with t.reader(topic) as r:
+                assert await t.send([msg(t, ev)]) == [Delivered()]
+                got = await r.read(1, 10)
+        finally:
+            await t.close()
+        assert got[0].content_type == cloudevents.STRUCTURED_CONTENT_TYPE
+        assert got[0].event == ev
+
+    async def test_per_stream_order_in_a_pipelined_batch(self, kafka_peer: KafkaPeer) -> None:
+        """A batch of 1,000 events over 7 streams is read back in per-stream order."""
+        topic = await new_topic(kafka_peer)
+        t = make(kafka_peer, topic)
+        assert t.capabilities.ordered_batches
+        events = [Event(type="t", stream=f"s{i % 7}", data={"i": i}) for i in range(1000)]
+        await t.open()
+        try:
+            async with t.reader(topic) as r:
+                results = await t.send([msg(t, e) for e in events])
+                got = await r.read(1000, 15)
+        finally:
+            await t.close()
+        assert results == [Delivered()] * 1000
+        assert len(got) == 1000
+        for s in range(7):
+            ids = [g.event.id for g in got if g.key == f"s{s}"]
+            assert ids == [e.id for e in events if e.stream == f"s{s}"]
+
+    async def test_gzip_compression(self, kafka_peer: KafkaPeer) -> None:
+        """compression = "gzip" produces records the consumer decompresses to the original events."""
+        topic = await new_topic(kafka_peer)
+        t = make(kafka_peer, topic, compression="gzip")
+        events = [Event(type="t", stream="s", data={"i": i, "pad": "x" * 500}) for i in range(50)]
+        await t.open()
+        try:
+            async with t.reader(topic) as r:
+                assert await t.send([msg(t, e) for e in events]) == [Delivered()] * 50
+                got = await r.read(50, 10)
+        finally:
+            await t.close()
+        assert [g.event.id for g in got] == [e.id for e in events]
+
+    async def test_oversized_is_rejected_and_holds_its_stream(self, kafka_peer: KafkaPeer) -> None:
+        """Data over max_message_bytes is Rejected, later events of that stream RetryLater, others Delivered."""
+        topic = await new_topic(kafka_peer)
+        t = make(kafka_peer, topic, max_message_bytes=100)
+        await t.open()
+        try:
+            batch = [
+                Event(type="t", stream="a", data=b"x" * 101),
+                Event(type="t", stream="b", data=b"x" * 100),
+                Event(type="t", stream="a", data=b"y"),
+            ]
+            res = await t.send([msg(t, e) for e in batch])
+        finally:
+            await t.close()
+        assert isinstance(res[0], Rejected)
+        assert res[1] == Delivered()
+        assert isinstance(res[2], RetryLater)
+
+    async def test_templated_topic_is_not_declared_ordered(self, kafka_peer: KafkaPeer) -> None:
+        """A {type} topic template renders per event and turns ordered_batches off (one stream may span topics)."""
+        t = make(kafka_peer, "ev.{category}")
+        assert t.target(Event(type="order.created", stream="s")) == "ev.order"
+        assert not t.capabilities.ordered_batches
+        assert make(kafka_peer, "ev.{stream}").capabilities.ordered_batches
+
+
+class TestKafkaLifecycle:
+    async def test_send_after_close_is_usage_error(self, kafka_peer: KafkaPeer) -> None:
+        """send() after close() raises UsageError and close() is idempotent."""
+        t = make(kafka_peer, "lifecycle")
+        await t.open()
+        await t.close()
+        await t.close()
+        with pytest.raises(UsageError):
+            await t.send([msg(t, Event(type="t", stream="s"))])
+
+    async def test_unreachable_broker_is_retryable_quickly(self) -> None:
+        """open() against a port where nothing listens raises RetryableError within a few seconds."""
+        t = KafkaTransport(KafkaConfig(bootstrap_servers="127.0.0.1:1", topic="x", connect_timeout=3.0))
+        started = time.monotonic()
+        with pytest.raises(RetryableError):
+            await t.open()
+        assert time.monotonic() - started < 5
+
+    async def test_check_reports_topic(self, kafka_peer: KafkaPeer) -> None:
+        """check() returns one line naming the reachable broker and the topic's partition count."""
+        topic = await new_topic(kafka_peer, partitions=3)
+        line = await make(kafka_peer, topic).check()
+        assert "\n" not in line
+        assert f"topic {topic!r} has 3 partition(s)" in line and "acks=all" in line
+
+    async def test_check_unreachable_raises(self) -> None:
+        """check() against a dead broker raises a TransportError naming the address."""
+        t = KafkaTransport(KafkaConfig(bootstrap_servers="127.0.0.1:1", topic="x", connect_timeout=2.0))
+        with pytest.raises(RetryableError, match=r"127\.0\.0\.1:1"):
+            await t.check()
+
+
+class TestKafkaReader:
+    async def test_consumer_group_reader(self, kafka_peer: KafkaPeer) -> None:
+        """A reader with group_id joins that consumer group and reads what is published after it joined."""
+        topic = await new_topic(kafka_peer, partitions=2)
+        t = make(kafka_peer, topic)
+        events = [Event(type="t", stream=f"s{i % 3}", data={"i": i}) for i in range(30)]
+        await t.open()
+        try:
+            async with t.reader(topic, group_id=f"g-{topic}") as r:
+                assert await t.send([msg(t, e) for e in events]) == [Delivered()] * 30
+                got = await r.read(30, 15)
+        finally:
+            await t.close()
+        assert sorted(g.event.id for g in got) == sorted(e.id for e in events)
+
+    @pytest.mark.slow
+    async def test_consumer_group_resumes(self, kafka_peer: KafkaPeer) -> None:
+        """A second reader of the same group resumes after the first one's committed offsets.
+
+        Slow (~20 s on tansu): the rejoin waits out the departed member's session."""
+        topic = await new_topic(kafka_peer, partitions=2)
+        t = make(kafka_peer, topic)
+        events = [Event(type="t", stream=f"s{i % 3}", data={"i": i}) for i in range(40)]
+        await t.open()
+        try:
+            async with t.reader(topic, group_id=f"g-{topic}") as r:
+                assert await t.send([msg(t, e) for e in events[:30]]) == [Delivered()] * 30
+                got = await r.read(30, 15)
+            assert await t.send([msg(t, e) for e in events[30:]]) == [Delivered()] * 10
+            async with t.reader(topic, group_id=f"g-{topic}") as r:
+                resumed = await r.read(10, 15)
+        finally:
+            await t.close()
+        assert sorted(g.event.id for g in got) == sorted(e.id for e in events[:30])
+        assert sorted(g.event.id for g in resumed) == sorted(e.id for e in events[30:])
+
+
+class TestKafkaErrors:
+    async def test_idempotence_refused_is_permanent_with_hint(self, kafka_peer: KafkaPeer) -> None:
+        """Against a broker without idempotent producers (tansu), open() fails permanently and says what to set."""
+        if not kafka_peer.tansu:
+            pytest.skip("only tansu lacks InitProducerId; a real cluster supports idempotence")
+        t = make(kafka_peer, "idem", enable_idempotence=True)
+        with pytest.raises(PermanentError, match="enable_idempotence = false"):
+            await t.open()
+        await t.close()
+
+    def test_classification(self) -> None:
+        """Record-too-large and authorization errors are Rejected; leader, network and timeout errors RetryLater."""
+        from aiokafka import errors as ke
+
+        from outrelay.transports.kafka._errors import result_for
+
+        for exc in (ke.MessageSizeTooLargeError(), ke.TopicAuthorizationFailedError(), ke.InvalidTopicError()):
+            assert isinstance(result_for(exc), Rejected), exc
+        for exc in (
+            ke.NotLeaderForPartitionError(),
+            ke.KafkaConnectionError(),
+            ke.RequestTimedOutError(),
+            ke.LeaderNotAvailableError(),
+            ke.KafkaTimeoutError(),
+        ):
+            assert isinstance(result_for(exc), RetryLater), exc
+
+
+class TestKafkaCodecs:
+    async def test_missing_codec_is_permanent_with_install_hint(self) -> None:
+        """A codec whose library is absent fails open() permanently and names the package to install."""
+        import importlib.util
+
+        if importlib.util.find_spec("cramjam") is not None:
+            pytest.skip("cramjam is installed: every codec is available")
+        t = KafkaTransport(KafkaConfig(bootstrap_servers="127.0.0.1:1", topic="x", compression="zstd"))
+        with pytest.raises(PermanentError, match="cramjam"):
+            await t.open()
+
+
+class TestKafkaConfig:
+    def test_password_is_masked(self) -> None:
+        """The SASL password never appears in the config's repr."""
+        cfg = KafkaConfig(
+            topic="t",
+            security_protocol="SASL_SSL",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_username="u",
+            sasl_password="hunter2",  # type: ignore[arg-type]
+        )
+        assert "hunter2" not in repr(cfg) and "hunter2" not in str(cfg)
+
+    def test_sasl_needs_credentials(self) -> None:
+        """A SASL protocol without a mechanism and credentials is a config error."""
+        with pytest.raises(ValueError, match="sasl_mechanism"):
+            KafkaConfig(topic="t", security_protocol="SASL_PLAINTEXT")
+
+    def test_illegal_topic_rejected_at_config(self) -> None:
+        """A static topic (or template literal) with characters Kafka forbids is a config error."""
+        with pytest.raises(ValueError, match="Kafka topic names"):
+            KafkaConfig(topic="bad topic")
+        with pytest.raises(ValueError, match="Kafka topic names"):
+            KafkaConfig(topic="events/{type}")
+
+    async def test_rendered_illegal_topic_is_rejected(self, kafka_peer: KafkaPeer) -> None:
+        """An event whose type renders an illegal topic ("a:b") is Rejected without asking the broker."""
+        t = make(kafka_peer, "ev.{type}")
+        await t.open()
+        try:
+            res = await t.send([msg(t, Event(type="a:b", stream="s"))])
+        finally:
+            await t.close()
+        assert isinstance(res[0], Rejected) and "not a valid Kafka topic" in res[0].reason
+
+    def test_bad_template_rejected(self) -> None:
+        """An unknown template placeholder is rejected at config time."""
+        with pytest.raises(ValueError):
+            KafkaConfig(topic="{nope}")
