@@ -104,6 +104,7 @@ class Relay:
         self._running = False
         self._route_wake: asyncio.Event | None = None
         self._fast_poll_until = 0.0
+        self._route_busy = False
         self._executor = ThreadPoolExecutor(max_workers=self.store.max_workers, thread_name_prefix="outrelay-store")
         self.workers: dict[str, DestinationWorker] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -210,7 +211,11 @@ class Relay:
         route = self.router
         while not self.stopping:
             self._route_wake.clear()
-            n = await self.db(self.store.route, route, cfg.route_batch, time.time())
+            self._route_busy = True
+            try:
+                n = await self.db(self.store.route, route, cfg.route_batch, time.time())
+            finally:
+                self._route_busy = False
             if n:
                 for w in self.workers.values():
                     w.wake.set()
@@ -234,6 +239,9 @@ class Relay:
         quiet = 0
         while not self.stopping:
             await asyncio.sleep(0.05)
+            if self._route_busy or any(w.inflight for w in self.workers.values()):
+                quiet = 0  # obviously busy: spare the store thread the queries below
+                continue
             now = time.time()
             busy = await self.db(self.store.unrouted) > 0
             if not busy:
