@@ -17,5 +17,8 @@ if TYPE_CHECKING:
 @hookimpl
 def outrelay_add_transports(registry: Registry) -> None:
     registry.add_transport(
-        "pubsub", "outrelay.transports.pubsub._transport:PubSubTransport", requires=("google.cloud.pubsub_v1",), extra="pubsub"
+        "pubsub",
+        "outrelay.transports.pubsub._transport:PubSubTransport",
+        requires=("google.cloud.pubsub_v1",),
+        extra="pubsub",
     )

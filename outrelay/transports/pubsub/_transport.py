@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -49,7 +50,7 @@ from outrelay.core.transport import (
     SendResult,
     Transport,
 )
-from outrelay.transports.pubsub._config import SERVER_REQUEST_LIMIT, PubSubConfig, make_publisher
+from outrelay.transports.pubsub._config import PubSubConfig, make_publisher
 from outrelay.transports.pubsub._reader import PubSubReader
 
 __all__ = ["PubSubConfig", "PubSubTransport"]
@@ -148,7 +149,7 @@ class PubSubTransport(Transport):
         self._state = "open"
 
     def _wait_ready(self, client: Any) -> None:
-        import grpc
+        import grpc  # type: ignore[import-untyped]
 
         channel = client.transport.grpc_channel
         try:
@@ -173,9 +174,14 @@ class PubSubTransport(Transport):
         limit = self.cfg.max_message_bytes
         results: list[SendResult | None] = [None] * len(batch)
         pending: list[tuple[int, asyncio.Future[Any]]] = []
+        held: set[str] = set()  # keys with a failure before publishing: nothing later of theirs goes out
         for i, m in enumerate(batch):
+            if m.key in held:
+                results[i] = RetryLater(_PAUSED)
+                continue
             if len(m.event.data) > limit:
                 results[i] = Rejected(f"message of {len(m.event.data)} bytes exceeds max_message_bytes={limit}")
+                held.add(m.key)
                 continue
             topic = self.cfg.topic_path(m.target)
             try:
@@ -184,10 +190,11 @@ class PubSubTransport(Transport):
                 )
             except Exception as exc:  # raised synchronously: too large, stopped publisher
                 results[i] = classify(exc)
+                held.add(m.key)
                 continue
             pending.append((i, asyncio.wrap_future(fut)))
         if pending:
-            done, not_done = await asyncio.wait([f for _, f in pending], timeout=self.cfg.publish_timeout)
+            _, not_done = await asyncio.wait([f for _, f in pending], timeout=self.cfg.publish_timeout)
             for f in not_done:
                 f.cancel()
             for i, f in pending:
@@ -210,25 +217,21 @@ class PubSubTransport(Transport):
         """
         for m, r in zip(batch, results, strict=True):
             if isinstance(r, RetryLater):
-                try:
+                # not paused (a timeout, or resumed already) or publisher stopped: nothing to do
+                with contextlib.suppress(RuntimeError, ValueError):
                     self._client.resume_publish(self.cfg.topic_path(m.target), m.key)
-                except (RuntimeError, ValueError):
-                    pass  # not paused (timeout, or already resumed) or publisher stopped
 
     async def close(self) -> None:
         client, self._client = self._client, None
         if self._state == "open":
             self._state = "closed"
         if client is not None:
-            # stop() flushes pending batches and joins the library's threads.
-            try:
+            # stop() flushes pending batches and joins the library's threads;
+            # closing must not fail: nothing is confirmed after close anyway.
+            with contextlib.suppress(Exception):
                 await asyncio.to_thread(client.stop)
-            except Exception:  # closing must not fail; nothing is confirmed after close
-                pass
-            try:
+            with contextlib.suppress(Exception):
                 client.transport.close()
-            except Exception:
-                pass
 
     async def check(self) -> str:
         probe = Event(type="check", stream="check")
@@ -249,6 +252,3 @@ class PubSubTransport(Transport):
 
     def reader(self, target: str, **options: Any) -> Reader:
         return PubSubReader(self.cfg, self.cfg.topic_path(target), ordering=self.cfg.ordering, **options)
-
-
-assert PubSubConfig.model_fields["max_batch_bytes"].default <= SERVER_REQUEST_LIMIT

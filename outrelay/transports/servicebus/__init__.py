@@ -17,5 +17,8 @@ if TYPE_CHECKING:
 @hookimpl
 def outrelay_add_transports(registry: Registry) -> None:
     registry.add_transport(
-        "servicebus", "outrelay.transports.servicebus._transport:ServiceBusTransport", requires=("azure.servicebus",), extra="servicebus"
+        "servicebus",
+        "outrelay.transports.servicebus._transport:ServiceBusTransport",
+        requires=("azure.servicebus",),
+        extra="servicebus",
     )

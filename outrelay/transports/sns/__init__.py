@@ -16,6 +16,4 @@ if TYPE_CHECKING:
 
 @hookimpl
 def outrelay_add_transports(registry: Registry) -> None:
-    registry.add_transport(
-        "sns", "outrelay.transports.sns._transport:SNSTransport", requires=("boto3",), extra="sns"
-    )
+    registry.add_transport("sns", "outrelay.transports.sns._transport:SNSTransport", requires=("boto3",), extra="sns")

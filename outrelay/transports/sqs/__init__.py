@@ -16,6 +16,4 @@ if TYPE_CHECKING:
 
 @hookimpl
 def outrelay_add_transports(registry: Registry) -> None:
-    registry.add_transport(
-        "sqs", "outrelay.transports.sqs._transport:SQSTransport", requires=("boto3",), extra="sqs"
-    )
+    registry.add_transport("sqs", "outrelay.transports.sqs._transport:SQSTransport", requires=("boto3",), extra="sqs")
