@@ -12,6 +12,19 @@ import pytest
 
 from outrelay.transports.memory import MemoryTransport
 
+# The real peers' fixtures, registered once so each session-scoped peer (tansu, moto, pulsar-lite,
+# the Pub/Sub emulator, the AMQP test peer) starts once per test session, not once per module.
+pytest_plugins = [
+    "tests.peers.amqp_servicebus_peer",
+    "tests.peers.kafka",
+    "tests.peers.moto",
+    "tests.peers.nats",
+    "tests.peers.pubsub_emulator",
+    "tests.peers.pulsar",
+    "tests.peers.rabbitmq",
+    "tests.peers.redis",
+]
+
 
 @pytest.fixture(autouse=True)
 def _fresh_memory_brokers() -> None:

@@ -83,12 +83,14 @@ def _speed_up_fifo_queues() -> bool:
 
     from moto.sqs import models
 
-    flag = 'str({}.content_based_deduplication).lower()'
+    flag = "str({}.content_based_deduplication).lower()"
     fixes = [
         ('self.attributes.get("ContentBasedDeduplication")', flag.format("self")),
         ('queue.attributes.get("ContentBasedDeduplication")', flag.format("queue")),
-        ('self.get_queue_attributes(\n        queue_name, ["MessageRetentionPeriod"]\n    )["MessageRetentionPeriod"]',
-         "self.get_queue(queue_name).message_retention_period"),
+        (
+            'self.get_queue_attributes(\n        queue_name, ["MessageRetentionPeriod"]\n    )["MessageRetentionPeriod"]',  # noqa: E501
+            "self.get_queue(queue_name).message_retention_period",
+        ),
     ]
     slow_unix_time = models.unix_time
 
@@ -99,9 +101,12 @@ def _speed_up_fifo_queues() -> bool:
     models.unix_time = unix_time
     models.unix_time_millis = lambda dt=None: unix_time(dt) * 1000.0
     patched = False
-    for owner, name in ((models.Queue, "add_message"), (models.SQSBackend, "_validate_message"),
-                        (models.SQSBackend, "send_message"),
-                        (models.SQSBackend, "is_message_valid_based_on_retention_period")):
+    for owner, name in (
+        (models.Queue, "add_message"),
+        (models.SQSBackend, "_validate_message"),
+        (models.SQSBackend, "send_message"),
+        (models.SQSBackend, "is_message_valid_based_on_retention_period"),
+    ):
         src = textwrap.dedent(inspect.getsource(getattr(owner, name)))
         new = src
         for a, b in fixes:

@@ -53,7 +53,9 @@ def pulsar_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = (base / "pulsar-lite.log").open("wb")
     proc = subprocess.Popen(
         [str(binary), "--addr", f"127.0.0.1:{port}", "--db-path", str(base / "db"), "--log-level", "warn"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=base,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=base,
     )
     try:
         if not wait_port("127.0.0.1", port, timeout=30):

@@ -211,8 +211,12 @@ class TestSchemaOptions:
         with Outbox.open(pg_url("ignored"), schema=pg_schema, prefix="ox_") as ob:
             assert len(ob.store.events()) == 1
         with psycopg.connect(pg_admin_url()) as conn:
-            tables = {r[0] for r in conn.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (pg_schema,))}
+            tables = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (pg_schema,)
+                )
+            }
         assert {"ox_events", "ox_deliveries", "ox_lanes", "ox_dead_letters", "ox_migrations"} <= tables
 
     def test_bad_options(self, pg_schema: str) -> None:
@@ -340,7 +344,8 @@ class TestConcurrentRouting:
                 s.close()
         with psycopg.connect(pg_admin_url()) as conn:
             rows = conn.execute(
-                f'SELECT stream, event_seq FROM "{pg_schema}".outrelay_deliveries ORDER BY id').fetchall()
+                f'SELECT stream, event_seq FROM "{pg_schema}".outrelay_deliveries ORDER BY id'
+            ).fetchall()
         assert len(rows) == 300
         for stream in {r[0] for r in rows}:
             seqs = [r[1] for r in rows if r[0] == stream]

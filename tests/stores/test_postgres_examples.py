@@ -26,7 +26,10 @@ def test_example_runs(script: str, pg_schema: str) -> None:
     try:
         out = subprocess.run(
             [sys.executable, str(ROOT / "examples" / script), PG_URL.split("?", 1)[0]],
-            cwd=ROOT, capture_output=True, text=True, timeout=60,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert out.returncode == 0, out.stderr[-2000:]
         for line in expected:

@@ -61,8 +61,10 @@ class TestConcurrentAppends:
             rnd = random.Random(w)
             with psycopg.connect(pg_admin_url()) as conn:
                 for i in range(per_worker):
-                    events = [Event(type="t", stream=f"s{rnd.randrange(20)}", data={"w": w, "i": i, "k": k})
-                              for k in range(rnd.randint(1, 3))]
+                    events = [
+                        Event(type="t", stream=f"s{rnd.randrange(20)}", data={"w": w, "i": i, "k": k})
+                        for k in range(rnd.randint(1, 3))
+                    ]
                     rollback = rnd.random() < 0.1
                     with conn.transaction():
                         outbox.append(events, conn=conn)
@@ -74,8 +76,11 @@ class TestConcurrentAppends:
                             committed.append([e.id for e in events])
 
         broker = MemoryTransport.broker("conc")
-        relay = Relay(outbox, OutrelayConfig(relay=RelayConfig(poll_interval=0.05)),
-                      transports={"mem": MemoryTransport(MemoryConfig(broker="conc", dedupe=False))})
+        relay = Relay(
+            outbox,
+            OutrelayConfig(relay=RelayConfig(poll_interval=0.05)),
+            transports={"mem": MemoryTransport(MemoryConfig(broker="conc", dedupe=False))},
+        )
         threads = [threading.Thread(target=app_worker, args=(w,)) for w in range(workers)]
         for t in threads:
             t.start()
@@ -98,8 +103,11 @@ class TestWakeUp:
     async def test_append_from_another_process_wakes_the_relay(self, outbox: Outbox, pg_schema: str) -> None:
         """An append committed elsewhere reaches the relay via NOTIFY long before its next poll."""
         broker = MemoryTransport.broker("wake")
-        relay = Relay(outbox, OutrelayConfig(relay=RelayConfig(poll_interval=30)),
-                      transports={"mem": MemoryTransport(MemoryConfig(broker="wake"))})
+        relay = Relay(
+            outbox,
+            OutrelayConfig(relay=RelayConfig(poll_interval=30)),
+            transports={"mem": MemoryTransport(MemoryConfig(broker="wake"))},
+        )
         task = asyncio.create_task(relay.run())
         try:
             await asyncio.sleep(1.0)  # relay idle, LISTENing, next poll in ~30 s
@@ -132,8 +140,10 @@ def _by_stream(outbox: Outbox, ids: list[str]) -> dict[str, list[str]]:
 
 def _prepare(outbox: Outbox, schema: str) -> None:
     with psycopg.connect(pg_admin_url(), autocommit=True) as conn:
-        conn.execute(f'CREATE TABLE "{schema}".received (n bigserial PRIMARY KEY, destination text, '
-                     "stream text, seq bigint, relay text)")
+        conn.execute(
+            f'CREATE TABLE "{schema}".received (n bigserial PRIMARY KEY, destination text, '
+            "stream text, seq bigint, relay text)"
+        )
     events = [Event(type="t", stream=f"s{i % STREAMS}", data={"i": i}) for i in range(EVENTS)]
     for i in range(0, EVENTS, 2000):
         outbox.append(events[i : i + 2000])
@@ -142,9 +152,19 @@ def _prepare(outbox: Outbox, schema: str) -> None:
 def _start(schema: str, name: str, logs: Path, lease: float) -> subprocess.Popen[bytes]:
     with open(logs / f"{name}.log", "wb") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.stores._pg_relay_proc", pg_url(schema), name, schema, pg_admin_url(),
-             str(lease)],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "tests.stores._pg_relay_proc",
+                pg_url(schema),
+                name,
+                schema,
+                pg_admin_url(),
+                str(lease),
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
 
 
@@ -203,8 +223,10 @@ class TestSeveralRelays:
             assert p.returncode == 0, f"relay {name} failed: {_log(tmp_path, name)}"
         rows = _received(pg_schema)
         split = _check(outbox, rows)
-        print(f"\n3 relays, {EVENTS} events x 2 destinations in {elapsed:.1f}s; deliveries by relay: {split}; "
-              f"duplicates: {len(rows) - 2 * EVENTS}")
+        print(
+            f"\n3 relays, {EVENTS} events x 2 destinations in {elapsed:.1f}s; deliveries by relay: {split}; "
+            f"duplicates: {len(rows) - 2 * EVENTS}"
+        )
         assert len(rows) == 2 * EVENTS  # no crash and leases long enough: no duplicates
         assert len(split) == 3 and min(split.values()) >= 0.1 * len(rows), f"unfair split {split}"
 

@@ -29,8 +29,9 @@ def fill(store: Store, streams: dict[str, int], dests: tuple[str, ...] = ("d",))
     store.route(to(*dests), 10_000, T0)
 
 
-def claim(store: Store, dest: str = "d", *, limit: int = 100, per_lane: int = 10, owner: str = "r1",
-          now: float = T0) -> list[Claimed]:
+def claim(
+    store: Store, dest: str = "d", *, limit: int = 100, per_lane: int = 10, owner: str = "r1", now: float = T0
+) -> list[Claimed]:
     return store.claim(dest, limit=limit, per_lane=per_lane, owner=owner, lease_seconds=LEASE, now=now)
 
 
@@ -197,7 +198,12 @@ class TestSettle:
         assert len(dls) == 1
         dl = dls[0]
         assert (dl.event.id, dl.destination, dl.reason, dl.attempts, dl.state) == (
-            got[0].event.id, "d", "rejected: no", 3, "dead")
+            got[0].event.id,
+            "d",
+            "rejected: no",
+            3,
+            "dead",
+        )
         assert store.dead_letter(dl.id).event.id == dl.event.id
         st = status(store)
         assert (st.dead_lettered, st.pending) == (1, 1)
@@ -299,11 +305,16 @@ class TestOperator:
         store.route(to("d"), 100, T0)
         got = claim(store, limit=10)
         by = {c.event.stream: c for c in got}
-        store.settle("d", "r1", [
-            Settlement(by["done"].delivery_id, "done", "delivered"),
-            Settlement(by["dead"].delivery_id, "dead", "dead", 1, T0, "x"),
-            Settlement(by["pending"].delivery_id, "pending", "hold"),
-        ], T0)
+        store.settle(
+            "d",
+            "r1",
+            [
+                Settlement(by["done"].delivery_id, "done", "delivered"),
+                Settlement(by["dead"].delivery_id, "dead", "dead", 1, T0, "x"),
+                Settlement(by["pending"].delivery_id, "pending", "hold"),
+            ],
+            T0,
+        )
         store.append([ev("unrouted", 0)])
         assert store.prune(now - 3600) == 0  # too young
         assert store.prune(now + 3600) == 1

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """Integration tests of the kafka transport against a real Kafka-API broker (tansu or OUTRELAY_KAFKA_BOOTSTRAP)."""
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from outrelay import Event, Message, PermanentError, Rejected, RetryableError, R
 from outrelay.core import cloudevents
 from outrelay.core.transport import Delivered
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
-from tests.peers.kafka import KafkaPeer, kafka_peer, new_topic  # noqa: F401
+from tests.peers.kafka import KafkaPeer, new_topic
 
 
 def make(peer: KafkaPeer, topic: str, **extra: object) -> KafkaTransport:

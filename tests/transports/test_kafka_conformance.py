@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """The shared conformance suite against a real Kafka-API broker (tansu, or OUTRELAY_KAFKA_BOOTSTRAP)."""
 
 from __future__ import annotations
@@ -7,7 +6,7 @@ import pytest
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
-from tests.peers.kafka import KafkaPeer, kafka_peer, new_topic  # noqa: F401
+from tests.peers.kafka import KafkaPeer, new_topic
 from tests.services import free_port
 
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """End to end: SQLite outbox -> Relay -> Kafka (tansu or OUTRELAY_KAFKA_BOOTSTRAP) -> consumer."""
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from pathlib import Path
 
 from outrelay import Event, Outbox, Received, Relay, parse_config
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
-from tests.peers.kafka import KafkaPeer, kafka_peer, new_topic  # noqa: F401
+from tests.peers.kafka import KafkaPeer, new_topic
 
 
 def assert_complete_and_ordered(events: list[Event], got: list[Received]) -> None:

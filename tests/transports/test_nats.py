@@ -1,6 +1,5 @@
 """The nats transport against a real JetStream server."""
 
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 from __future__ import annotations
 
 import shutil
@@ -14,7 +13,7 @@ from outrelay import Delivered, Event, Message, PermanentError, Rejected, Retrya
 from outrelay.core import cloudevents
 from outrelay.transports.nats._config import NatsConfig, mask_url
 from outrelay.transports.nats._transport import NatsTransport
-from tests.peers.nats import StreamFactory, nats_streams, nats_url, private_nats_server  # noqa: F401
+from tests.peers.nats import StreamFactory, private_nats_server
 from tests.services import free_port
 
 

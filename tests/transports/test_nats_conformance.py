@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """The shared conformance suite against a real NATS JetStream server."""
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ import pytest
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.transports.nats._config import NatsConfig, StreamSpec
 from outrelay.transports.nats._transport import NatsTransport
-from tests.peers.nats import StreamFactory, nats_url  # noqa: F401
+from tests.peers.nats import StreamFactory
 from tests.services import free_port
 
 

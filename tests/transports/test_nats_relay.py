@@ -1,6 +1,5 @@
 """End to end: SQLite outbox -> Relay -> NATS JetStream -> reader, including a broker kill -9."""
 
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +10,7 @@ from pathlib import Path
 from outrelay import Event, Outbox, Received, Relay, parse_config
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._transport import NatsTransport
-from tests.peers.nats import NatsServer, StreamFactory, nats_server, nats_streams, nats_url  # noqa: F401
+from tests.peers.nats import NatsServer, StreamFactory
 
 
 def _assert_complete_and_ordered(events: list[Event], got: list[Received]) -> None:

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """The ``pubsub`` transport against the official Pub/Sub emulator."""
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from outrelay import Capabilities, Event, Message, RetryableError, TransportErro
 from outrelay.core.transport import Delivered, Rejected, RetryLater
 from outrelay.transports.pubsub._config import PubSubConfig
 from outrelay.transports.pubsub._transport import PubSubTransport
-from tests.peers.pubsub_emulator import PROJECT, ThrottlingProxy, create_topic, pubsub_emulator  # noqa: F401
+from tests.peers.pubsub_emulator import PROJECT, ThrottlingProxy, create_topic
 from tests.services import free_port
 
 

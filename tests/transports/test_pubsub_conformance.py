@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """The shared conformance suite against the official Google Cloud Pub/Sub emulator."""
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ import pytest
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.transports.pubsub._config import PubSubConfig
 from outrelay.transports.pubsub._transport import PubSubTransport
-from tests.peers.pubsub_emulator import PROJECT, create_topic, pubsub_emulator  # noqa: F401
+from tests.peers.pubsub_emulator import PROJECT, create_topic
 from tests.services import free_port
 
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """End to end: SQLite outbox -> Relay -> Pub/Sub emulator -> pull subscription, with throttling."""
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from typing import Any
 from outrelay import Event, Outbox, Received, Relay, parse_config
 from outrelay.transports.pubsub._config import PubSubConfig
 from outrelay.transports.pubsub._transport import PubSubTransport
-from tests.peers.pubsub_emulator import PROJECT, ThrottlingProxy, create_topic, pubsub_emulator  # noqa: F401
+from tests.peers.pubsub_emulator import PROJECT, ThrottlingProxy, create_topic
 
 
 def _assert_complete_and_ordered(events: list[Event], got: list[Received]) -> None:

@@ -11,9 +11,6 @@ import pytest
 from outrelay import Delivered, Event, Message, Registry, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core.errors import TransportError
 from outrelay.transports.pulsar._transport import PulsarConfig, PulsarTransport
-from tests.peers.pulsar import pulsar_url
-
-__all__ = ["pulsar_url"]
 
 
 def topic() -> str:

@@ -13,9 +13,7 @@ import pytest
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.transports.pulsar._transport import PulsarConfig, PulsarTransport
-from tests.peers.pulsar import pulsar_dedup, pulsar_url
-
-__all__ = ["pulsar_url"]
+from tests.peers.pulsar import pulsar_dedup
 
 
 def target_for(url: str) -> ConformanceTarget:

@@ -7,9 +7,7 @@ from pathlib import Path
 
 from outrelay.transports.pulsar._transport import PulsarConfig, PulsarTransport
 from tests.peers._relay import relay_round_trip
-from tests.peers.pulsar import pulsar_dedup, pulsar_url
-
-__all__ = ["pulsar_url"]
+from tests.peers.pulsar import pulsar_dedup
 
 
 class TestPulsarRelay:
@@ -18,8 +16,12 @@ class TestPulsarRelay:
         name = f"persistent://public/default/e2e-{uuid.uuid4().hex[:10]}"
         reader = PulsarTransport(PulsarConfig(service_url=pulsar_url, topic=name)).reader(name)
         destination = {
-            "transport": "pulsar", "service_url": pulsar_url, "topic": name, "deduplication": pulsar_dedup(),
-            "batch_size": 500, "retry": {"initial_delay": 0.05},
+            "transport": "pulsar",
+            "service_url": pulsar_url,
+            "topic": name,
+            "deduplication": pulsar_dedup(),
+            "batch_size": 500,
+            "retry": {"initial_delay": 0.05},
         }
         rt = await relay_round_trip(tmp_path, destination, reader, events=5000, streams=50)
         assert rt.summary.remaining == 0 and rt.summary.dead_lettered == 0

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """The rabbitmq transport against a real RabbitMQ broker."""
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from outrelay import Delivered, Event, Message, PermanentError, Rejected, Retrya
 from outrelay.core import cloudevents
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, mask_url
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
-from tests.peers.rabbitmq import ExchangeFactory, TcpProxy, rabbitmq_exchanges, rabbitmq_url  # noqa: F401
+from tests.peers.rabbitmq import ExchangeFactory, TcpProxy
 from tests.services import free_port
 
 

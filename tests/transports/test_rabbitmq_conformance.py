@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """The shared conformance suite against a real RabbitMQ broker."""
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ import pytest
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, split_target
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
-from tests.peers.rabbitmq import ExchangeFactory, rabbitmq_url  # noqa: F401
+from tests.peers.rabbitmq import ExchangeFactory
 from tests.services import free_port
 
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """End to end: SQLite outbox -> Relay -> RabbitMQ -> reader."""
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from pathlib import Path
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.transports.rabbitmq._config import RabbitMQConfig
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
-from tests.peers.rabbitmq import ExchangeFactory, rabbitmq_exchanges, rabbitmq_url  # noqa: F401
+from tests.peers.rabbitmq import ExchangeFactory
 
 
 async def test_relay_10k_events_50_streams(

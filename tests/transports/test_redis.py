@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """Integration tests of the redis transport against a real Redis (127.0.0.1:6379 or OUTRELAY_REDIS_URL)."""
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from outrelay import Event, Message, PermanentError, Rejected, RetryableError, R
 from outrelay.core import cloudevents
 from outrelay.core.transport import Delivered
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport
-from tests.peers.redis import OwnRedis, own_redis, redis_url  # noqa: F401
+from tests.peers.redis import OwnRedis
 
 
 def make(url: str, stream: str, **extra: object) -> RedisTransport:

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """The shared conformance suite against a real Redis server (127.0.0.1:6379 or OUTRELAY_REDIS_URL)."""
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ import redis.asyncio as aioredis
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport
-from tests.peers.redis import redis_url  # noqa: F401
 from tests.services import free_port
 
 

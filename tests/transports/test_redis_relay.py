@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """End to end: SQLite outbox -> Relay -> Redis Streams -> consumer group, including a redis-server kill -9."""
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import redis.asyncio as aioredis
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.transports.redis._reader import decode
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport
-from tests.peers.redis import OwnRedis, own_redis, redis_url  # noqa: F401
+from tests.peers.redis import OwnRedis
 from tests.transports.test_kafka_relay import assert_complete_and_ordered
 
 

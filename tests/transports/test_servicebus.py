@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """The ``servicebus`` transport through the real azure-servicebus SDK.
 
 Against the AMQP 1.0 wire-protocol test peer (not Azure Service Bus) by
@@ -17,7 +16,7 @@ from outrelay import Event, Message, RetryableError, TransportError, UsageError
 from outrelay.core.transport import Delivered, Rejected, RetryLater
 from outrelay.transports.servicebus._config import ServiceBusConfig, mask
 from outrelay.transports.servicebus._transport import ServiceBusTransport
-from tests.peers.amqp_servicebus_peer import ServiceBusEnv, connection_string, servicebus_env  # noqa: F401
+from tests.peers.amqp_servicebus_peer import ServiceBusEnv, connection_string
 from tests.services import free_port
 
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """The shared conformance suite for the ``servicebus`` transport.
 
 Against the AMQP 1.0 wire-protocol test peer (not Azure Service Bus): it
@@ -18,7 +17,7 @@ import pytest
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.transports.servicebus._config import ServiceBusConfig
 from outrelay.transports.servicebus._transport import ServiceBusTransport
-from tests.peers.amqp_servicebus_peer import ServiceBusEnv, connection_string, servicebus_env  # noqa: F401
+from tests.peers.amqp_servicebus_peer import ServiceBusEnv, connection_string
 from tests.services import free_port
 
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.peers are used as arguments
 """End to end: SQLite outbox -> Relay -> Service Bus (sessions) -> session receivers.
 
 Against the AMQP 1.0 wire-protocol test peer (not Azure Service Bus) unless
@@ -16,7 +15,7 @@ from typing import Any
 from outrelay import Event, Outbox, Received, Relay, parse_config
 from outrelay.transports.servicebus._config import ServiceBusConfig
 from outrelay.transports.servicebus._transport import ServiceBusTransport
-from tests.peers.amqp_servicebus_peer import ServiceBusEnv, servicebus_env  # noqa: F401
+from tests.peers.amqp_servicebus_peer import ServiceBusEnv
 
 
 def _assert_complete_and_ordered(events: list[Event], got: list[Received]) -> None:

@@ -10,9 +10,7 @@ import pytest
 from outrelay import Delivered, Event, Message, Registry, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core.errors import TransportError
 from outrelay.transports.sns._transport import SNSConfig, SNSTransport
-from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, moto_endpoint, unique
-
-__all__ = ["moto_endpoint"]
+from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, unique
 
 
 def make_topic(endpoint: str, fifo: bool = False) -> str:
@@ -55,7 +53,10 @@ class TestSNSTransport:
         t = transport(moto_endpoint, arn)
         caps = t.capabilities
         assert (caps.ordering_by_key, caps.ordered_batches, caps.native_dedupe, caps.dedupe_window) == (
-            True, False, True, 300.0,
+            True,
+            False,
+            True,
+            300.0,
         )
         await t.open()
         ev = Event(type="t", stream="stream-7", data=b"x")

@@ -14,9 +14,7 @@ import pytest
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.transports.sns._transport import SNSConfig, SNSTransport
-from tests.peers.moto import aws_client, aws_options, moto_endpoint
-
-__all__ = ["moto_endpoint"]
+from tests.peers.moto import aws_client, aws_options
 
 
 def target_for(endpoint: str, *, fifo: bool) -> ConformanceTarget:
@@ -44,4 +42,3 @@ class TestSNSFifoConformance(ConformanceSuite):
     @pytest.fixture
     def conformance_target(self, moto_endpoint: str) -> ConformanceTarget:
         return target_for(moto_endpoint, fifo=True)
-

@@ -14,9 +14,7 @@ import pytest
 from outrelay.core.transport import Reader
 from outrelay.transports.sns._transport import SNSConfig, SNSTransport
 from tests.peers._relay import relay_round_trip
-from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, moto_endpoint, unique
-
-__all__ = ["moto_endpoint"]
+from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, unique
 
 EVENTS = int(os.environ.get("OUTRELAY_AWS_E2E_EVENTS", "500"))
 
@@ -33,8 +31,13 @@ def reader_for(endpoint: str, arn: str) -> Reader:
 
 def destination(endpoint: str, arn: str) -> dict[str, object]:
     return {
-        "transport": "sns", "topic_arn": arn, **aws_options(endpoint), "max_workers": 8,
-        "batch_size": 100, "max_in_flight": 8, "retry": {"initial_delay": 0.05, "max_delay": 1.0},
+        "transport": "sns",
+        "topic_arn": arn,
+        **aws_options(endpoint),
+        "max_workers": 8,
+        "batch_size": 100,
+        "max_in_flight": 8,
+        "retry": {"initial_delay": 0.05, "max_delay": 1.0},
     }
 
 

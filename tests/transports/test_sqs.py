@@ -12,9 +12,7 @@ import pytest
 from outrelay import ConfigError, Delivered, Event, Message, Registry, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core.errors import TransportError
 from outrelay.transports.sqs._transport import SQSConfig, SQSTransport
-from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, moto_endpoint, unique
-
-__all__ = ["moto_endpoint"]
+from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, unique
 
 
 def make_queue(endpoint: str, fifo: bool = False) -> str:
@@ -51,8 +49,9 @@ class TestSQSTransport:
         q = make_queue(moto_endpoint)
         t = transport(moto_endpoint, q)
         await t.open()
-        events = [Event(type="order.created", stream="s1", data={"i": i}, tenant="acme", labels={"a": "b"})
-                  for i in range(3)]
+        events = [
+            Event(type="order.created", stream="s1", data={"i": i}, tenant="acme", labels={"a": "b"}) for i in range(3)
+        ]
         assert await t.send(msgs(t, events)) == [Delivered()] * 3
         async with t.reader(q) as reader:
             got = await reader.read(3, 5)
@@ -68,7 +67,10 @@ class TestSQSTransport:
         t = transport(moto_endpoint, q)
         caps = t.capabilities
         assert (caps.ordering_by_key, caps.ordered_batches, caps.native_dedupe, caps.dedupe_window) == (
-            True, False, True, 300.0,
+            True,
+            False,
+            True,
+            300.0,
         )
         await t.open()
         ev = Event(type="t", stream="stream-1", data=b"x")
