@@ -130,6 +130,7 @@ class ConformanceReport:
         return rep
 
     def write_json(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
     def merge(self, other: ConformanceReport) -> None:
@@ -184,6 +185,7 @@ class ConformanceReport:
         return "\n".join(lines) + "\n"
 
     def write_markdown(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(self.to_markdown(), encoding="utf-8")
 
     def to_text(self, width: int = 120) -> list[str]:
