@@ -187,7 +187,7 @@ class AmqpServiceBusPeer(Handler):  # type: ignore[misc]
     def server_busy(self, *, every: int, count: int) -> None:
         """Reject every ``every``-th transfer with server-busy, ``count`` times in all."""
         with self.lock:
-            self.busy_every, self.busy_left, self.transfers = every, count, 0
+            self.busy_every, self.busy_left, self.transfers, self.busy_answers = every, count, 0, 0
 
     def depth(self, entity: str) -> int:
         with self.lock:

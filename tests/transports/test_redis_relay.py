@@ -34,9 +34,7 @@ async def test_relay_10k_events_50_streams(tmp_path: Path, redis_url: str) -> No
     reader_t = RedisTransport(RedisConfig(url=redis_url, stream=key))
     try:
         async with reader_t.reader(key) as reader:
-            started = time.monotonic()
             summary = await Relay(outbox, cfg).run(drain=True)
-            elapsed = time.monotonic() - started
             got = await reader.read(10_000, 20)
             got += await reader.read(10, 0.3)
     finally:
@@ -47,7 +45,6 @@ async def test_relay_10k_events_50_streams(tmp_path: Path, redis_url: str) -> No
     assert summary.remaining == 0 and summary.dead_lettered == 0
     assert summary.counts["r"]["delivered"] == 10_000
     assert_complete_and_ordered(events, got)
-    assert elapsed < 60
 
 
 async def test_relay_survives_redis_kill(tmp_path: Path, own_redis: OwnRedis) -> None:

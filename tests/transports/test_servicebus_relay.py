@@ -6,7 +6,6 @@ OUTRELAY_SERVICEBUS_CONNECTION_STRING names a real namespace.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -67,13 +66,11 @@ async def _relay_and_read(
 
 async def test_relay_5000_events_50_sessions(tmp_path: Path, servicebus_env: ServiceBusEnv) -> None:
     """5,000 events over 50 streams relayed from SQLite all arrive, in exact order per session."""
-    started = time.monotonic()
     events, summary, got = await _relay_and_read(tmp_path, servicebus_env, 5000)
     assert summary.remaining == 0 and summary.dead_lettered == 0
     assert summary.counts["sb"]["delivered"] == 5000
     _assert_complete_and_ordered(events, got)
     assert len(got) == 5000
-    assert time.monotonic() - started < 40
 
 
 async def test_relay_backs_off_on_server_busy(tmp_path: Path, servicebus_env: ServiceBusEnv) -> None:
