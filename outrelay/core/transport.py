@@ -37,9 +37,10 @@ provides one (``capabilities.reader``); the conformance suite uses it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -57,6 +58,7 @@ __all__ = [
     "SendResult",
     "Transport",
     "TransportConfig",
+    "send_in_key_order",
 ]
 
 
@@ -232,3 +234,31 @@ class Transport(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} destination={self.destination!r}>"
+
+
+async def send_in_key_order(
+    batch: Sequence[Message], publish: Callable[[Message], Awaitable[SendResult]]
+) -> list[SendResult]:
+    """Send ``batch`` with ``publish(message)``: different keys concurrently,
+    messages sharing a key one after another in batch order.
+
+    Once a message of a key is not :class:`Delivered`, the later messages of
+    that key are reported :class:`RetryLater` without being sent — what a
+    transport declaring ``ordered_batches`` must guarantee. ``publish`` must
+    return a result rather than raise.
+    """
+    results: list[SendResult | None] = [None] * len(batch)
+    lanes: dict[str, list[int]] = {}
+    for i, m in enumerate(batch):
+        lanes.setdefault(m.key, []).append(i)
+
+    async def lane(indexes: list[int]) -> None:
+        for n, i in enumerate(indexes):
+            results[i] = r = await publish(batch[i])
+            if not isinstance(r, Delivered):
+                for j in indexes[n + 1 :]:
+                    results[j] = RetryLater(f"not sent: an earlier event of stream {batch[j].key!r} failed")
+                return
+
+    await asyncio.gather(*(lane(ix) for ix in lanes.values()))
+    return [r if r is not None else RetryLater("not sent") for r in results]

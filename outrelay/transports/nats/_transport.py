@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,9 +50,9 @@ from outrelay.core.transport import (
     Message,
     Reader,
     Rejected,
-    RetryLater,
     SendResult,
     Transport,
+    send_in_key_order,
 )
 from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._config import NatsConfig, StreamSpec, mask_url
@@ -213,21 +212,8 @@ class NatsTransport(Transport):
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         acks = await self._ready()
-        results: list[SendResult | None] = [None] * len(batch)
-        lanes: dict[str, list[int]] = defaultdict(list)
-        for i, m in enumerate(batch):
-            lanes[m.key].append(i)
-
-        async def lane(indexes: list[int]) -> None:
-            for pos, i in enumerate(indexes):
-                results[i] = r = await self._publish(acks, batch[i])
-                if not isinstance(r, Delivered):
-                    for j in indexes[pos + 1 :]:
-                        results[j] = RetryLater("an earlier message of this stream failed in the same batch")
-                    return
-
-        await asyncio.gather(*(lane(ix) for ix in lanes.values()))
-        return [r if r is not None else RetryLater("not sent") for r in results]
+        # one message in flight per stream: a later one must never overtake a lost or refused one
+        return await send_in_key_order(batch, lambda m: self._publish(acks, m))
 
     async def _publish(self, acks: AckMux, m: Message) -> SendResult:
         size = len(m.event.data)

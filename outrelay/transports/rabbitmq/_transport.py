@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +46,7 @@ from outrelay.core.transport import (
     RetryLater,
     SendResult,
     Transport,
+    send_in_key_order,
 )
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, bad_names, split_target
 from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, classify, mapped, result_for
@@ -162,21 +162,8 @@ class RabbitMQTransport(Transport):
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         channel = await self._ready()
-        results: list[SendResult | None] = [None] * len(batch)
-        lanes: dict[str, list[int]] = defaultdict(list)
-        for i, m in enumerate(batch):
-            lanes[m.key].append(i)
-
-        async def lane(indexes: list[int]) -> None:
-            for pos, i in enumerate(indexes):
-                results[i] = r = await self._publish(channel, batch[i])
-                if not isinstance(r, Delivered):
-                    for j in indexes[pos + 1 :]:
-                        results[j] = RetryLater("an earlier message of this stream failed in the same batch")
-                    return
-
-        await asyncio.gather(*(lane(ix) for ix in lanes.values()))
-        return [r if r is not None else RetryLater("not sent") for r in results]
+        # one message in flight per stream: a later one must never overtake a lost or refused one
+        return await send_in_key_order(batch, lambda m: self._publish(channel, m))
 
     async def _publish(self, channel: aio_pika.abc.AbstractChannel, m: Message) -> SendResult:
         event = m.event

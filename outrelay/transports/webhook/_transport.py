@@ -43,13 +43,12 @@ from outrelay.core.errors import PermanentError, RetryableError, UsageError
 from outrelay.core.templates import Template
 from outrelay.core.transport import (
     Capabilities,
-    Delivered,
     Message,
     Reader,
     Rejected,
-    RetryLater,
     SendResult,
     Transport,
+    send_in_key_order,
 )
 from outrelay.transports.webhook._config import WebhookConfig
 from outrelay.transports.webhook._errors import classify, describe, parse_retry_after, post_once, safe_url
@@ -165,22 +164,7 @@ class WebhookTransport(Transport):
         idle = self._idle
         if idle is None or self._state != "open":
             raise UsageError(f"webhook transport {self.destination!r} is {self._state}, not open")
-        results: list[SendResult | None] = [None] * len(batch)
-        lanes: dict[str, list[int]] = {}
-        for i, m in enumerate(batch):
-            lanes.setdefault(m.key, []).append(i)
-
-        async def lane(indexes: list[int]) -> None:
-            for n, i in enumerate(indexes):
-                r = await self._post(idle, batch[i])
-                results[i] = r
-                if not isinstance(r, Delivered):
-                    for j in indexes[n + 1 :]:
-                        results[j] = RetryLater(f"not sent: an earlier event of stream {batch[j].key!r} failed")
-                    return
-
-        await asyncio.gather(*(lane(ix) for ix in lanes.values()))
-        return [r if r is not None else RetryLater("not sent") for r in results]
+        return await send_in_key_order(batch, lambda m: self._post(idle, m))
 
     # -- probing -----------------------------------------------------------------
 
