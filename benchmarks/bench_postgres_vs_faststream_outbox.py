@@ -1,34 +1,43 @@
-"""outrelay vs faststream-outbox: PostgreSQL outbox -> RabbitMQ, same database, same broker, same run.
+"""outrelay vs faststream-outbox: one PostgreSQL outbox -> NATS JetStream or RabbitMQ, same run.
 
-    .venv/bin/python benchmarks/bench_postgres_vs_faststream_outbox.py [--count 20000] [--streams 100] [--size 1024]
+    .venv/bin/python benchmarks/bench_postgres_vs_faststream_outbox.py [--broker nats|rabbitmq]
+        [--count 20000] [--streams 100] [--size 1024] [--rounds 3] [--processes 1] [--burst 1]
 
 Setup (not a project dependency; nothing goes into pyproject.toml)::
 
-    .venv/bin/pip install --dry-run "faststream-outbox[asyncpg]" "faststream[rabbit]"  # checked: adds only
-    .venv/bin/pip install "faststream-outbox[asyncpg]" "faststream[rabbit]"            # faststream-outbox 0.19.0,
-                                                                                        # faststream 0.7.8,
-                                                                                        # fast-depends, asyncpg
+    .venv/bin/pip install --dry-run "faststream-outbox[asyncpg]" "faststream[rabbit,nats]"  # checked: only adds
+    .venv/bin/pip install "faststream-outbox[asyncpg]" "faststream[rabbit,nats]"
+    # -> faststream-outbox 0.19.0, faststream 0.7.8, fast-depends 3.0.9, asyncpg 0.32.0; nothing replaced
 
 Without faststream-outbox the script prints one line and exits 2.
+
+The default broker is NATS JetStream: FastStream supports both, and
+faststream-outbox is faster on NATS (about 2x its RabbitMQ rate here), so
+it is the broker where it does best. ``--broker rabbitmq`` runs the same
+comparison on RabbitMQ (persistent messages, publisher confirms).
 
 What is measured, for each side, ``--rounds`` times interleaved (outrelay,
 faststream-outbox, outrelay, ...), medians printed:
 
 * a fresh PostgreSQL schema (``OUTRELAY_POSTGRES_URL``, default
-  ``postgresql://postgres@127.0.0.1:5432/test``) and a fresh durable topic
-  exchange + queue on RabbitMQ (``OUTRELAY_RABBITMQ_URL``, default
-  ``amqp://guest:guest@127.0.0.1:5672/``), both deleted afterwards;
+  ``postgresql://postgres@127.0.0.1:5432/test``) and either a fresh
+  file-storage JetStream stream (``OUTRELAY_NATS_URL``, default
+  ``nats://127.0.0.1:4222``) or a fresh durable topic exchange + queue on
+  RabbitMQ (``OUTRELAY_RABBITMQ_URL``, default
+  ``amqp://guest:guest@127.0.0.1:5672/``), all deleted afterwards;
 * the relay under test runs in a child process of its own (``--child``), so
   it does not share a GIL with the producer/consumer; it is started, then
   warmed with one event that must reach the consumer (connections, channels
   and LISTEN are up before the clock starts);
 * the parent appends ``--count`` events of ``--size`` bytes over ``--streams``
-  streams (round-robin, so events of one stream interleave with all others)
-  in ONE transaction through each library's own transactional API
+  streams (round-robin; ``--burst N``: N consecutive events of a stream per
+  turn) in ONE transaction through each library's own transactional API
   (``Outbox.append(events, conn=psycopg_conn)`` / ``OutboxBroker.publish_batch(
   *bodies, queue=..., session=AsyncSession)``); the clock starts when COMMIT
-  returns and stops when an aio-pika consumer (prefetch 5000, no-ack) on the
-  queue has received every event at least once;
+  returns and stops when a consumer on the broker (NATS: JetStream ordered
+  push consumer on the stream; RabbitMQ: aio-pika, prefetch 5000, no-ack)
+  has received every event at least once; the relay process's CPU seconds
+  in that window are printed too (Linux /proc);
 * the body of every event is ``b"<stream>:<seq>|"`` padded to ``--size``; the
   consumer counts duplicates and out-of-order pairs per stream (a received
   event whose per-stream seq is lower than one already received).
@@ -36,10 +45,12 @@ faststream-outbox, outrelay, ...), medians printed:
 Configuration (printed with the results):
 
 * outrelay: ``Outbox.open(url?schema=...)`` (PostgreSQL store defaults:
-  pool_size 4, notify on), ``Relay`` with destination ``{"transport":
-  "rabbitmq", "exchange": ..., "routing_key": "s.{stream}", "batch_size":
-  --or-batch-size}``, everything else default (max_in_flight 4, per_stream
-  16, persistent messages, publisher confirms, mandatory).
+  pool_size 4, notify on), ``Relay`` with one destination, ``batch_size``
+  --or-batch-size (1000) and everything else default (max_in_flight 4,
+  per_stream 16, retry defaults): NATS ``{"transport": "nats", "subject":
+  "<prefix>.{stream}", "expected_stream": ...}`` (JetStream acks,
+  Nats-Msg-Id); RabbitMQ ``{"transport": "rabbitmq", "exchange": ...,
+  "routing_key": "s.{stream}"}`` (persistent, publisher confirms, mandatory).
 * faststream-outbox: the documented relay shape (``@rabbit.publisher(...)``
   stacked on ``@outbox.subscriber(queue, ...)``, handler returns the body),
   asyncpg driver (LISTEN/NOTIFY wake-ups), subscriber knobs from its docs'
@@ -47,9 +58,20 @@ Configuration (printed with the results):
   (--fso-workers), ``fetch_batch_size`` (--fso-fetch), ``min_fetch_interval
   0.1``, ``max_fetch_interval 1.0``, ``lease_ttl_seconds 120``,
   ``terminal_flush_batch_size`` (--fso-flush; batched terminal DELETEs),
-  engine pool sized max_workers + 4; RabbitMQ publisher ``persist=True`` (as
-  outrelay's persistent messages) with FastStream's defaults (publisher
-  confirms, mandatory).
+  engine pool sized max_workers + 4; NATS publisher with
+  ``stream=JStream(name, declare=False)`` (publishes through JetStream and
+  awaits each ack); RabbitMQ publisher ``persist=True`` (as outrelay's
+  persistent messages) with FastStream's defaults (publisher confirms,
+  mandatory); ``logger=None`` on both FastStream brokers (they log
+  two lines per message by default, outrelay none).
+* ``--processes N`` starts N relay processes per side on the same outbox
+  (both libraries' documented way to scale out).
+
+Reading the order figures: one faststream-outbox process publishes in the
+order its workers dequeue rows over one channel, so on the happy path it shows
+no reordering; it has no per-stream ordering (no stream notion at all), and
+reordering appears once work is spread (``--processes 2``) or rows are
+retried. outrelay keeps per-stream order in every mode.
 """
 
 from __future__ import annotations
@@ -64,6 +86,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -72,7 +95,11 @@ from typing import Any
 
 PG_URL = os.environ.get("OUTRELAY_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 MQ_URL = os.environ.get("OUTRELAY_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
+NATS_URL = os.environ.get("OUTRELAY_NATS_URL", "nats://127.0.0.1:4222")
 FSO_QUEUE = "bench"
+SIDES = ("outrelay", "faststream-outbox")
+SELF = os.path.abspath(__file__)
+INSTALL = '"faststream-outbox[asyncpg]" "faststream[rabbit,nats]"'
 WARM_STREAM = 999_999  # the warm-up event's stream number; not counted
 
 
@@ -81,7 +108,7 @@ def body(stream: int, seq: int, size: int) -> bytes:
     return head + b"x" * max(0, size - len(head))
 
 
-def pg_sqlalchemy_url(schema: str) -> str:
+def pg_sqlalchemy_url() -> str:
     """``postgresql://...`` -> ``postgresql+asyncpg://...`` (faststream-outbox's documented driver)."""
     rest = PG_URL.split("://", 1)[1]
     return f"postgresql+asyncpg://{rest}"
@@ -129,7 +156,7 @@ class Received:
             self.done.set()
 
 
-async def consume(queue_name: str, rec: Received) -> Callable[[], Awaitable[None]]:
+async def rabbit_consume(queue_name: str, rec: Received) -> Callable[[], Awaitable[None]]:
     """Start an aio-pika consumer on ``queue_name``; returns an async closer."""
     import aio_pika
 
@@ -151,7 +178,7 @@ async def consume(queue_name: str, rec: Received) -> Callable[[], Awaitable[None
     return close
 
 
-async def declare_mq(tag: str) -> tuple[str, str]:
+async def rabbit_declare(tag: str) -> tuple[str, str]:
     import aio_pika
 
     exchange, queue = f"bench-fso-{tag}", f"bench-fso-{tag}"
@@ -164,7 +191,7 @@ async def declare_mq(tag: str) -> tuple[str, str]:
     return exchange, queue
 
 
-async def delete_mq(exchange: str, queue: str) -> None:
+async def rabbit_delete(exchange: str, queue: str) -> None:
     import aio_pika
 
     conn = await aio_pika.connect(MQ_URL)
@@ -172,6 +199,64 @@ async def delete_mq(exchange: str, queue: str) -> None:
         ch = await conn.channel()
         await ch.queue_delete(queue)
         await ch.exchange_delete(exchange)
+
+
+async def nats_consume(subject: str, rec: Received) -> Callable[[], Awaitable[None]]:
+    """A JetStream ordered push consumer on ``subject.>`` (sees what the stream stored, in stream order)."""
+    import nats
+
+    nc = await nats.connect(NATS_URL)
+
+    async def on_message(msg: Any) -> None:
+        rec.on_body(msg.data)
+
+    sub = await nc.jetstream().subscribe(f"{subject}.>", cb=on_message, ordered_consumer=True)
+
+    async def close() -> None:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        await nc.close()
+
+    return close
+
+
+async def nats_declare(tag: str) -> tuple[str, str]:
+    """A fresh file-storage stream ``BENCH_FSO_<tag>`` on ``bench-fso.<tag>.>``; returns (stream, subject)."""
+    import nats
+    import nats.js.api
+
+    name, subject = f"BENCH_FSO_{tag}".upper(), f"bench-fso.{tag}"
+    nc = await nats.connect(NATS_URL)
+    try:
+        await nc.jetstream().add_stream(
+            name=name, subjects=[f"{subject}.>"], storage=nats.js.api.StorageType.FILE, duplicate_window=120
+        )
+    finally:
+        await nc.close()
+    return name, subject
+
+
+async def nats_delete(name: str, subject: str) -> None:
+    import nats
+
+    nc = await nats.connect(NATS_URL)
+    try:
+        await nc.jetstream().delete_stream(name)
+    finally:
+        await nc.close()
+
+
+async def declare_broker(broker: str, tag: str) -> tuple[str, str]:
+    """(target, sink): RabbitMQ (exchange, queue) or NATS (stream, subject prefix)."""
+    return await (rabbit_declare if broker == "rabbitmq" else nats_declare)(tag)
+
+
+async def delete_broker(broker: str, target: str, sink: str) -> None:
+    await (rabbit_delete if broker == "rabbitmq" else nats_delete)(target, sink)
+
+
+async def consume(broker: str, sink: str, rec: Received) -> Callable[[], Awaitable[None]]:
+    return await (rabbit_consume if broker == "rabbitmq" else nats_consume)(sink, rec)
 
 
 def drop_schema(schema: str) -> None:
@@ -182,6 +267,20 @@ def drop_schema(schema: str) -> None:
 
 
 # --------------------------------------------------------------------------- producer side (parent)
+
+
+def layout(count: int, streams: int, burst: int) -> list[tuple[int, int]]:
+    """(stream, seq) in append order: streams take turns, ``burst`` consecutive events each."""
+    rows: list[tuple[int, int]] = []
+    seq = [0] * streams
+    turn = 0
+    while len(rows) < count:
+        s = turn % streams
+        for _ in range(min(burst, count - len(rows))):
+            rows.append((s, seq[s]))
+            seq[s] += 1
+        turn += 1
+    return rows
 
 
 def outrelay_prepare(schema: str) -> Any:
@@ -196,18 +295,16 @@ def outrelay_append(outbox: Any, rows: list[tuple[int, int]], size: int) -> None
     from outrelay import Event
 
     events = [Event(type="bench.fso", stream=f"s{s}", data=body(s, q, size)) for s, q in rows]
-    with psycopg.connect(PG_URL) as conn:
-        with conn.transaction():
-            outbox.append(events, conn=conn)
+    with psycopg.connect(PG_URL) as conn, conn.transaction():
+        outbox.append(events, conn=conn)
 
 
 async def fso_prepare(schema: str, table: str) -> None:
+    from faststream_outbox import make_outbox_table
     from sqlalchemy import MetaData, text
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from faststream_outbox import make_outbox_table
-
-    engine = create_async_engine(pg_sqlalchemy_url(schema))
+    engine = create_async_engine(pg_sqlalchemy_url())
     md = MetaData(schema=schema)
     make_outbox_table(md, table_name=table)
     async with engine.begin() as conn:
@@ -217,12 +314,11 @@ async def fso_prepare(schema: str, table: str) -> None:
 
 
 async def fso_append(schema: str, table: str, rows: list[tuple[int, int]], size: int) -> None:
+    from faststream_outbox import OutboxBroker, make_outbox_table
     from sqlalchemy import MetaData
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-    from faststream_outbox import OutboxBroker, make_outbox_table
-
-    engine = create_async_engine(pg_sqlalchemy_url(schema))
+    engine = create_async_engine(pg_sqlalchemy_url())
     outbox = OutboxBroker(engine, outbox_table=make_outbox_table(MetaData(schema=schema), table_name=table))
     try:
         async with AsyncSession(engine) as session, session.begin():
@@ -236,6 +332,18 @@ async def fso_append(schema: str, table: str, rows: list[tuple[int, int]], size:
 # --------------------------------------------------------------------------- relays (child process)
 
 
+def destination(opts: dict[str, Any]) -> dict[str, Any]:
+    """outrelay's destination options for the broker under test (see the transports' _config.py)."""
+    if opts["broker"] == "rabbitmq":
+        return {"transport": "rabbitmq", "url": MQ_URL, "exchange": opts["target"], "routing_key": "s.{stream}"}
+    return {
+        "transport": "nats",
+        "servers": [NATS_URL],
+        "subject": opts["sink"] + ".{stream}",
+        "expected_stream": opts["target"],
+    }
+
+
 async def child_outrelay(opts: dict[str, Any], stop: asyncio.Event) -> None:
     from outrelay import Outbox, Relay, parse_config
 
@@ -243,13 +351,7 @@ async def child_outrelay(opts: dict[str, Any], stop: asyncio.Event) -> None:
         {
             "outbox": {"url": with_schema(opts["schema"])},
             "destinations": {
-                "mq": {
-                    "transport": "rabbitmq",
-                    "url": MQ_URL,
-                    "exchange": opts["exchange"],
-                    "routing_key": "s.{stream}",
-                    "batch_size": opts["batch_size"],
-                }
+                "mq": {**destination(opts), "batch_size": opts["batch_size"]},
             },
         }
     )
@@ -264,22 +366,28 @@ async def child_outrelay(opts: dict[str, Any], stop: asyncio.Event) -> None:
 
 
 async def child_fso(opts: dict[str, Any], stop: asyncio.Event) -> None:
-    import logging
-
+    from faststream.nats import JStream, NatsBroker
     from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange
+    from faststream_outbox import OutboxBroker, make_outbox_table
     from sqlalchemy import MetaData
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from faststream_outbox import OutboxBroker, make_outbox_table
-
     workers = opts["workers"]
-    engine = create_async_engine(pg_sqlalchemy_url(opts["schema"]), pool_size=workers + 4, max_overflow=4)
+    engine = create_async_engine(pg_sqlalchemy_url(), pool_size=workers + 4, max_overflow=4)
     table = make_outbox_table(MetaData(schema=opts["schema"]), table_name=opts["table"])
-    # logging off on both sides: FastStream logs every message at INFO by default, outrelay does not
-    outbox = OutboxBroker(engine, outbox_table=table, log_level=logging.WARNING)
-    rabbit = RabbitBroker(MQ_URL, log_level=logging.WARNING)
-    exchange = RabbitExchange(opts["exchange"], type=ExchangeType.TOPIC, durable=True, declare=False)
-    publisher = rabbit.publisher(exchange=exchange, routing_key="fso", persist=True)
+    # per-message logging off: FastStream logs "Received"/"Processed" for every message by default,
+    # outrelay logs nothing per event; logger=None is FastStream's documented way to turn it off
+    outbox = OutboxBroker(engine, outbox_table=table, logger=None)
+    foreign: Any
+    publisher: Callable[[Any], Any]
+    if opts["broker"] == "rabbitmq":
+        foreign = RabbitBroker(MQ_URL, logger=None)
+        exchange = RabbitExchange(opts["target"], type=ExchangeType.TOPIC, durable=True, declare=False)
+        publisher = foreign.publisher(exchange=exchange, routing_key="fso", persist=True)
+    else:
+        foreign = NatsBroker(NATS_URL, logger=None)
+        # stream= makes FastStream publish through JetStream and await each ack (as outrelay does)
+        publisher = foreign.publisher(opts["sink"] + ".fso", stream=JStream(opts["target"], declare=False))
 
     @publisher
     @outbox.subscriber(
@@ -294,13 +402,13 @@ async def child_fso(opts: dict[str, Any], stop: asyncio.Event) -> None:
     async def relay(payload: bytes) -> bytes:
         return payload
 
-    await rabbit.start()
+    await foreign.start()
     await outbox.start()
     await asyncio.sleep(0.5)
     print("READY", flush=True)
     await stop.wait()
     await outbox.stop()
-    await rabbit.stop()
+    await foreign.stop()
     await engine.dispose()
 
 
@@ -326,22 +434,45 @@ class Result:
     received: int
     duplicates: int
     out_of_order: int
+    relay_cpu: float  # CPU seconds the relay process(es) used while the clock ran (Linux /proc; 0 elsewhere)
 
     @property
     def rate(self) -> float:
         return self.received / self.seconds if self.seconds else 0.0
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """user + system CPU seconds of ``pids`` so far, from /proc (0.0 where /proc is missing)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 async def start_child(side: str, opts: dict[str, Any]) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--child", side, json.dumps(opts)],
-        stdout=subprocess.PIPE,
-    )
+    cmd = [sys.executable, SELF, "--child", side, json.dumps(opts)]
+    proc = await asyncio.to_thread(subprocess.Popen, cmd, stdout=subprocess.PIPE)
     assert proc.stdout is not None
-    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
-    if line.strip() != b"READY":
-        proc.kill()
+
+    def ready() -> bool:
+        assert proc.stdout is not None
+        return any(line.strip() == b"READY" for line in proc.stdout)  # FastStream logs to stdout: skip
+
+    if not await asyncio.wait_for(asyncio.to_thread(ready), 60):
         raise RuntimeError(f"{side} relay did not start (exit {proc.wait()})")
+
+    def forward() -> None:  # keep the pipe drained (a full pipe would block the child's logging)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stderr.buffer.write(b"    [" + side.encode() + b"] " + line)
+            sys.stderr.flush()
+
+    threading.Thread(target=forward, daemon=True).start()
     return proc
 
 
@@ -357,47 +488,50 @@ async def stop_child(proc: subprocess.Popen[bytes]) -> None:
 async def one_run(side: str, args: argparse.Namespace) -> Result:
     tag = uuid.uuid4().hex[:8]
     schema, table = f"bench_fso_{tag}", f"outbox_{tag}"
-    rows = [(i % args.streams, i // args.streams) for i in range(args.count)]
-    exchange, queue = await declare_mq(tag)
+    rows = layout(args.count, args.streams, args.burst)
+    target, sink = await declare_broker(args.broker, tag)
     rec = Received(want=args.count)
-    close_consumer = await consume(queue, rec)
-    proc = None
+    close_consumer = await consume(args.broker, sink, rec)
+    procs: list[subprocess.Popen[bytes]] = []
     outbox = None
     try:
-        opts: dict[str, Any] = {"schema": schema, "table": table, "exchange": exchange}
+        opts: dict[str, Any] = {"schema": schema, "table": table, "broker": args.broker, "target": target, "sink": sink}
         if side == "outrelay":
             outbox = outrelay_prepare(schema)
             opts["batch_size"] = args.or_batch_size
-            proc = await start_child(side, opts)
-            append: Callable[[list[tuple[int, int]]], Awaitable[None]] = lambda r: asyncio.to_thread(
+            procs = [await start_child(side, opts) for _ in range(args.processes)]
+            append: Callable[[list[tuple[int, int]]], Awaitable[None]] = lambda r: asyncio.to_thread(  # noqa: E731
                 outrelay_append, outbox, r, args.size
             )
         else:
             await fso_prepare(schema, table)
             opts.update(workers=args.fso_workers, fetch=args.fso_fetch, flush=args.fso_flush)
-            proc = await start_child(side, opts)
+            procs = [await start_child(side, opts) for _ in range(args.processes)]
             append = lambda r: fso_append(schema, table, r, args.size)  # noqa: E731
         await append([(WARM_STREAM, 0)])
         await asyncio.wait_for(rec.warm.wait(), 30)
         await append(rows)
         started = time.perf_counter()
+        pids = [p.pid for p in procs]
+        cpu0 = cpu_seconds(pids)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(rec.done.wait(), args.timeout)
         ended = rec.done_at if rec.done.is_set() else time.perf_counter()
+        cpu = cpu_seconds(pids) - cpu0
         await asyncio.sleep(0.3)  # late duplicates / stragglers still count in the order check
-        return Result(side, ended - started, len(rec.seen), rec.duplicates, rec.out_of_order)
+        return Result(side, ended - started, len(rec.seen), rec.duplicates, rec.out_of_order, cpu)
     finally:
-        if proc is not None:
+        for proc in procs:
             await stop_child(proc)
         await close_consumer()
         if outbox is not None:
             outbox.close()
-        await delete_mq(exchange, queue)
+        await delete_broker(args.broker, target, sink)
         drop_schema(schema)
 
 
 async def main(args: argparse.Namespace) -> None:
-    sides = ["outrelay", "faststream-outbox"]
+    sides = [s for s in ("outrelay", "faststream-outbox") if s in args.sides]
     results: dict[str, list[Result]] = {s: [] for s in sides}
     for r in range(args.rounds):
         for side in sides if r % 2 == 0 else reversed(sides):
@@ -405,15 +539,20 @@ async def main(args: argparse.Namespace) -> None:
             results[side].append(res)
             print(
                 f"  round {r + 1} {side:18s}: {res.rate:8.0f} ev/s ({res.seconds:6.2f} s, "
-                f"{res.received}/{args.count} received, {res.duplicates} dup, {res.out_of_order} out-of-order)",
+                f"{res.received}/{args.count} received, {res.duplicates} dup, {res.out_of_order} out-of-order; "
+                f"relay CPU {res.relay_cpu:.1f} s = {1e6 * res.relay_cpu / max(1, res.received):.0f} us/event)",
                 flush=True,
             )
-    med = {s: statistics.median(x.rate for x in results[s]) for s in sides}
+    where = f"RabbitMQ ({MQ_URL.split('@')[-1]})" if args.broker == "rabbitmq" else f"NATS JetStream ({NATS_URL})"
+    med = {s: statistics.median(x.rate for x in results[s]) if s in sides else 0.0 for s in SIDES}
     print(
-        f"PostgreSQL -> RabbitMQ ({MQ_URL.split('@')[-1]}), {args.count} events x {args.size} B, "
-        f"{args.streams} streams, one commit; consumer-side, median of {args.rounds}"
+        f"PostgreSQL -> {where}, {args.count} events x {args.size} B, "
+        f"{args.streams} streams (bursts of {args.burst}), one commit, {args.processes} relay process(es) per side; "
+        f"consumer-side, median of {args.rounds}"
     )
-    print(f"  outrelay          : {med['outrelay']:8.0f} ev/s  (batch_size={args.or_batch_size}, other options default)")
+    print(
+        f"  outrelay          : {med['outrelay']:8.0f} ev/s  (batch_size={args.or_batch_size}, other options default)"
+    )
     print(
         f"  faststream-outbox : {med['faststream-outbox']:8.0f} ev/s  (max_workers={args.fso_workers}, "
         f"fetch_batch_size={args.fso_fetch}, terminal_flush_batch_size={args.fso_flush}, asyncpg)"
@@ -423,15 +562,21 @@ async def main(args: argparse.Namespace) -> None:
         dup = [x.duplicates for x in results[s]]
         lost = [args.count - x.received for x in results[s]]
         print(f"  {s:18s}: out-of-order pairs per run {ooo}, duplicates {dup}, missing {lost}")
+    if len(sides) < 2:
+        return
     ratio = med["outrelay"] / med["faststream-outbox"] if med["faststream-outbox"] else float("inf")
     print(f"  ratio outrelay / faststream-outbox: {ratio:.2f}x (target >= 2x with per-stream order)")
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    ap.add_argument("--broker", choices=("nats", "rabbitmq"), default="nats")
     ap.add_argument("--count", type=int, default=20_000)
     ap.add_argument("--streams", type=int, default=100)
     ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--burst", type=int, default=1, help="consecutive events of one stream in append order")
+    ap.add_argument("--sides", default="outrelay,faststream-outbox", help="comma-separated subset to run")
+    ap.add_argument("--processes", type=int, default=1, help="relay processes per side (both scale out this way)")
     ap.add_argument("--rounds", type=int, default=3, help="runs per side, interleaved; medians printed")
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds one run may take before it is cut")
     ap.add_argument("--or-batch-size", type=int, default=1000, help="outrelay destination batch_size")
@@ -445,7 +590,11 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child_main(sys.argv[2], sys.argv[3])
         sys.exit(0)
-    if importlib.util.find_spec("faststream_outbox") is None or importlib.util.find_spec("faststream.rabbit") is None:
-        print('faststream-outbox is not installed: .venv/bin/pip install "faststream-outbox[asyncpg]" "faststream[rabbit]"')
+    try:
+        missing = importlib.util.find_spec("faststream_outbox") is None or importlib.util.find_spec("aio_pika") is None
+    except ModuleNotFoundError:
+        missing = True
+    if missing:
+        print(f"faststream-outbox is not installed; install it with: .venv/bin/pip install {INSTALL}")
         sys.exit(2)
     asyncio.run(main(parse_args()))
