@@ -199,6 +199,17 @@ class DestinationWorker:
                             "destination": self.name,
                         },
                     )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # e.g. the outbox database is locked or gone
+            # Nothing is lost: the batch's lanes stay leased and are claimed again when the lease ends.
+            self.last_error = f"could not settle a batch: {exc}"
+            log.error(
+                "destination %s: could not settle a batch of %d (%s); it is sent again after the lease",
+                self.name,
+                len(claimed),
+                exc,
+            )
         finally:
             self.slots.release()
             self.wake.set()
