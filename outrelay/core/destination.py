@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from outrelay.core.config import DestinationConfig
-from outrelay.core.errors import PermanentError, RetryableError, UsageError
+from outrelay.core.errors import PermanentError, RetryableError, StoreError, UsageError
 from outrelay.core.retry import backoff_delay
 from outrelay.core.stores.base import Claimed, SettleKind, Settlement
 from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult, Transport
@@ -57,41 +57,54 @@ class DestinationWorker:
         await self._open()
         relay = self.relay
         checked = 0.0
+        store_delay = 0.5
         while not relay.stopping:
-            if time.monotonic() - checked >= relay.config.relay.poll_interval:
-                self.disabled = await relay.db(relay.store.disabled, self.name)
-                checked = time.monotonic()
-            if self.disabled is not None or not self.config.enabled:
-                await self._sleep(relay.config.relay.poll_interval)
-                continue
-            now = time.time()
-            if now < self.blocked_until:
-                await self._sleep(self.blocked_until - now)
-                continue
-            await self.slots.acquire()
-            if relay.stopping:
-                self.slots.release()
-                break
             try:
-                claimed = await relay.db(
-                    relay.store.claim,
-                    self.name,
-                    limit=self.batch_size,
-                    per_lane=self.per_lane,
-                    owner=relay.owner,
-                    lease_seconds=relay.config.relay.lease_seconds,
-                    now=time.time(),
-                )
-            except Exception:
-                self.slots.release()
-                raise
-            if not claimed:
-                self.slots.release()
-                await self._wait_for_work()
-                continue
-            task = asyncio.create_task(self._process(claimed))
-            self.inflight.add(task)
-            task.add_done_callback(self.inflight.discard)
+                if time.monotonic() - checked >= relay.config.relay.poll_interval:
+                    self.disabled = await relay.db(relay.store.disabled, self.name)
+                    checked = time.monotonic()
+                await self._step()
+                store_delay = 0.5
+            except StoreError as exc:  # database down or locked: wait and try again, nothing is lost
+                self.last_error = str(exc)
+                log.warning("destination %s: outbox unavailable (%s); retrying in %.1fs", self.name, exc, store_delay)
+                await self._sleep(store_delay)
+                store_delay = min(store_delay * 2, 30.0)
+
+    async def _step(self) -> None:
+        """One pass of the claim loop: wait if paused, else claim a batch and start sending it."""
+        relay = self.relay
+        if self.disabled is not None or not self.config.enabled:
+            await self._sleep(relay.config.relay.poll_interval)
+            return
+        now = time.time()
+        if now < self.blocked_until:
+            await self._sleep(self.blocked_until - now)
+            return
+        await self.slots.acquire()
+        if relay.stopping:
+            self.slots.release()
+            return
+        try:
+            claimed = await relay.db(
+                relay.store.claim,
+                self.name,
+                limit=self.batch_size,
+                per_lane=self.per_lane,
+                owner=relay.owner,
+                lease_seconds=relay.config.relay.lease_seconds,
+                now=time.time(),
+            )
+        except BaseException:
+            self.slots.release()
+            raise
+        if not claimed:
+            self.slots.release()
+            await self._wait_for_work()
+            return
+        task = asyncio.create_task(self._process(claimed))
+        self.inflight.add(task)
+        task.add_done_callback(self.inflight.discard)
 
     async def _open(self) -> None:
         delay = 0.2

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from outrelay.core.config import DestinationConfig, OutrelayConfig
 from outrelay.core.destination import DestinationWorker
-from outrelay.core.errors import ConfigError, UsageError
+from outrelay.core.errors import ConfigError, StoreError, UsageError
 from outrelay.core.outbox import Outbox
 from outrelay.core.registry import Registry
 from outrelay.core.routing import Router
@@ -209,11 +209,18 @@ class Relay:
         assert self._route_wake is not None
         cfg = self.config.relay
         route = self.router
+        store_delay = 0.5
         while not self.stopping:
             self._route_wake.clear()
             self._route_busy = True
             try:
                 n = await self.db(self.store.route, route, cfg.route_batch, time.time())
+                store_delay = 0.5
+            except StoreError as exc:  # database down or locked: wait and try again, nothing is lost
+                log.warning("router: outbox unavailable (%s); retrying in %.1fs", exc, store_delay)
+                n = 0
+                await asyncio.sleep(store_delay)
+                store_delay = min(store_delay * 2, 30.0)
             finally:
                 self._route_busy = False
             if n:

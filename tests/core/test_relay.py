@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -306,3 +306,35 @@ class TestAppend:
         with pytest.raises(EventError):
             outbox.append([Event(type="t", stream="s"), e])
         assert len(outbox.store.events()) == 1
+
+
+class TestStoreOutage:
+    async def test_relay_survives_transient_store_errors(self, tmp_path: Path) -> None:
+        """A database that fails for a while (locked, restarting) delays delivery but loses nothing."""
+        from outrelay import StoreError
+        from outrelay.core.stores.sqlite import SQLiteStore
+
+        class Flaky(SQLiteStore):
+            failures: ClassVar[dict[str, int]] = {"claim": 2, "route": 2}
+
+            def claim(self, destination: str, **kw: Any) -> Any:
+                if self.failures["claim"] > 0:
+                    self.failures["claim"] -= 1
+                    raise StoreError("database is locked (injected)")
+                return super().claim(destination, **kw)
+
+            def route(self, router: Any, limit: int, now: float) -> int:
+                if self.failures["route"] > 0:
+                    self.failures["route"] -= 1
+                    raise StoreError("database is locked (injected)")
+                return super().route(router, limit, now)
+
+        cfg = config(tmp_path)
+        store = Flaky(cfg.outbox.url)
+        outbox = Outbox(store)
+        outbox.append(events(100, 5))
+        summary = await Relay(outbox, cfg).run(drain=True)
+        assert summary.remaining == 0 and store.failures == {"claim": 0, "route": 0}
+        seen = per_stream()
+        assert sum(map(len, seen.values())) == 100
+        assert_ordered(seen)
