@@ -48,6 +48,7 @@ class DestinationWorker:
         self.failing_since: float | None = None
         self.blocked_until = 0.0
         self.disabled: str | None = None
+        self._disable_version = 0  # bumped when a batch disables the destination (beats a stale read)
         self.counts = {"delivered": 0, "duplicates": 0, "retried": 0, "dead_lettered": 0, "parked": 0, "batches": 0}
         self.last_error: str | None = None
 
@@ -61,7 +62,10 @@ class DestinationWorker:
         while not relay.stopping:
             try:
                 if time.monotonic() - checked >= relay.config.relay.poll_interval:
-                    self.disabled = await relay.db(relay.store.disabled, self.name)
+                    version = self._disable_version
+                    fresh = await relay.db(relay.store.disabled, self.name)
+                    if version == self._disable_version:  # a batch did not disable us meanwhile
+                        self.disabled = fresh
                     checked = time.monotonic()
                 await self._step()
                 store_delay = 0.5
@@ -175,6 +179,9 @@ class DestinationWorker:
             elapsed = time.monotonic() - started
             now = time.time()
             settlements, disable = self._plan(claimed, results, now)
+            if disable is not None:  # stop claiming before the settle below releases the lanes
+                self.disabled = disable
+                self._disable_version += 1
             await self.relay.db(self.relay.store.settle, self.name, self.relay.owner, settlements, now)
             failures = [r for r in results if not isinstance(r, Delivered)]
             if failures:
@@ -193,7 +200,6 @@ class DestinationWorker:
                     "destination %s disabled: %s; re-enable with `outrelay enable %s`", self.name, disable, self.name
                 )
                 await self.relay.db(self.relay.store.set_disabled, self.name, disable, now)
-                self.disabled = disable
             self.counts["batches"] += 1
             self.relay.hook.outrelay_batch_settled(
                 destination=self.name, messages=messages, results=results, elapsed=elapsed
