@@ -26,15 +26,12 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
-from outrelay.core.envelope import Event
 from outrelay.core.errors import TransportError
-from outrelay.core.templates import Template
-from outrelay.core.transport import Capabilities, Message, Reader, Received, SendResult, Transport
+from outrelay.core.transport import Message, Reader, Received
 from outrelay.transports._aws import AWSBase, AWSConfig, message_attributes
-from outrelay.transports._aws_batch import send_batch
+from outrelay.transports._aws_transport import AWSTransport
 from outrelay.transports.sqs._transport import SQSReader
 
 __all__ = ["SNSConfig", "SNSReader", "SNSTransport"]
@@ -46,44 +43,17 @@ class SNSConfig(AWSConfig):
     topic_arn: str
 
 
-class SNSTransport(Transport):
+class SNSTransport(AWSTransport):
     """See the module docstring."""
 
     name = "sns"
     Config = SNSConfig
+    target_option = "topic_arn"
+    entity = "topic"
 
     def __init__(self, config: SNSConfig, *, destination: str = "sns") -> None:
         super().__init__(config, destination=destination)
-        self.cfg = config
-        self._template = Template(config.topic_arn, where=f"destinations.{destination}.topic_arn")
-        self.fifo = config.fifo if config.fifo is not None else config.topic_arn.endswith(".fifo")
-        self.aws = AWSBase("sns", config, destination)
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(
-            ordering_by_key=self.fifo,
-            ordered_batches=False,
-            native_dedupe=self.fifo,
-            dedupe_window=300.0 if self.fifo else None,
-            max_batch_count=100,
-            max_message_bytes=self.cfg.max_data_bytes,
-            cloudevents_modes=("structured",),
-            reader=True,
-        )
-
-    def target(self, event: Event) -> str:
-        return self._template.render(event)
-
-    async def open(self) -> None:
-        """Create the client; probe a static topic (a down endpoint raises RetryableError)."""
-        await self.aws.start()
-        if self._template.is_static:
-            try:
-                await self._probe(self.cfg.topic_arn)
-            except BaseException:
-                await self.aws.stop()
-                raise
+        self.cfg: SNSConfig = config
 
     async def _probe(self, arn: str) -> dict[str, str]:
         resp = await self.aws.call(f"sns GetTopicAttributes {arn}", self.aws.client.get_topic_attributes, TopicArn=arn)
@@ -95,33 +65,16 @@ class SNSTransport(Transport):
 
     async def _api(self, target: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
         resp: dict[str, Any] = await self.aws.call(
-            f"sns PublishBatch {target}", self.aws.client.publish_batch, TopicArn=target,
+            f"sns PublishBatch {target}",
+            self.aws.client.publish_batch,
+            TopicArn=target,
             PublishBatchRequestEntries=entries,
         )
         return resp
 
-    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
-        self.aws.ensure_open()
-        return await send_batch(batch, self.cfg, self.fifo, self._entry, self._api)
-
-    async def close(self) -> None:
-        await self.aws.stop()
-
-    async def check(self) -> str:
-        """One line: the topic exists and is reachable (GetTopicAttributes)."""
-        arn = self.target(Event(type="check", stream="check"))
-        opened_here = self.aws.client is None
-        try:
-            if opened_here:
-                await self.aws.start()
-            attrs = await self._probe(arn)
-        except TransportError as exc:
-            raise self.aws.check_error(exc, f"that topic {arn} exists") from exc
-        finally:
-            if opened_here:
-                await self.aws.stop()
+    def _describe(self, target: str, attrs: dict[str, str]) -> str:
         kind = "FIFO" if attrs.get("FifoTopic") == "true" else "standard"
-        return f"sns {kind} topic {arn} reachable ({attrs.get('SubscriptionsConfirmed', '?')} subscriptions)"
+        return f"sns {kind} topic {target} reachable ({attrs.get('SubscriptionsConfirmed', '?')} subscriptions)"
 
     def reader(self, target: str, **options: Any) -> Reader:
         return SNSReader(self.cfg, self.destination, target, fifo=self.fifo)
@@ -147,22 +100,39 @@ class SNSReader(Reader):
         q = await self.sqs.call("sqs CreateQueue", self.sqs.client.create_queue, QueueName=name, Attributes=attrs)
         self.queue_url = str(q["QueueUrl"])
         got = await self.sqs.call(
-            "sqs GetQueueAttributes", self.sqs.client.get_queue_attributes, QueueUrl=self.queue_url,
+            "sqs GetQueueAttributes",
+            self.sqs.client.get_queue_attributes,
+            QueueUrl=self.queue_url,
             AttributeNames=["QueueArn"],
         )
         queue_arn = got["Attributes"]["QueueArn"]
         # Real SQS only accepts SNS deliveries the queue policy allows.
-        policy = {"Version": "2012-10-17", "Statement": [{
-            "Effect": "Allow", "Principal": {"Service": "sns.amazonaws.com"}, "Action": "sqs:SendMessage",
-            "Resource": queue_arn, "Condition": {"ArnEquals": {"aws:SourceArn": self.topic_arn}},
-        }]}
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": "sns.amazonaws.com"},
+                    "Action": "sqs:SendMessage",
+                    "Resource": queue_arn,
+                    "Condition": {"ArnEquals": {"aws:SourceArn": self.topic_arn}},
+                }
+            ],
+        }
         await self.sqs.call(
-            "sqs SetQueueAttributes", self.sqs.client.set_queue_attributes, QueueUrl=self.queue_url,
+            "sqs SetQueueAttributes",
+            self.sqs.client.set_queue_attributes,
+            QueueUrl=self.queue_url,
             Attributes={"Policy": json.dumps(policy)},
         )
         sub = await self.sns.call(
-            "sns Subscribe", self.sns.client.subscribe, TopicArn=self.topic_arn, Protocol="sqs",
-            Endpoint=queue_arn, Attributes={"RawMessageDelivery": "true"}, ReturnSubscriptionArn=True,
+            "sns Subscribe",
+            self.sns.client.subscribe,
+            TopicArn=self.topic_arn,
+            Protocol="sqs",
+            Endpoint=queue_arn,
+            Attributes={"RawMessageDelivery": "true"},
+            ReturnSubscriptionArn=True,
         )
         self.subscription = str(sub["SubscriptionArn"])
         self.inner = SQSReader(self.sqs, self.queue_url)

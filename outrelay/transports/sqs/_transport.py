@@ -24,18 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field, model_validator
 
 from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import TransportError
-from outrelay.core.templates import Template
-from outrelay.core.transport import Capabilities, Message, Reader, Received, SendResult, Transport
+from outrelay.core.transport import Message, Reader, Received
 from outrelay.transports._aws import AWSBase, AWSConfig, fifo_id, message_attributes
-from outrelay.transports._aws_batch import send_batch
+from outrelay.transports._aws_transport import AWSTransport
 
 __all__ = ["SQSConfig", "SQSReader", "SQSTransport"]
 
@@ -54,49 +50,23 @@ class SQSConfig(AWSConfig):
         return self
 
 
-class SQSTransport(Transport):
+class SQSTransport(AWSTransport):
     """See the module docstring."""
 
     name = "sqs"
     Config = SQSConfig
+    target_option = "queue_url"
+    entity = "queue"
 
     def __init__(self, config: SQSConfig, *, destination: str = "sqs") -> None:
         super().__init__(config, destination=destination)
-        self.cfg = config
-        self._template = Template(config.queue_url, where=f"destinations.{destination}.queue_url")
-        self.fifo = config.fifo if config.fifo is not None else config.queue_url.endswith(".fifo")
-        self.aws = AWSBase("sqs", config, destination)
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(
-            ordering_by_key=self.fifo,
-            ordered_batches=False,
-            native_dedupe=self.fifo,
-            dedupe_window=300.0 if self.fifo else None,
-            max_batch_count=100,
-            max_batch_bytes=None,
-            max_message_bytes=self.cfg.max_data_bytes,
-            cloudevents_modes=("structured",),
-            reader=True,
-        )
-
-    def target(self, event: Event) -> str:
-        return self._template.render(event)
-
-    async def open(self) -> None:
-        """Create the client; probe a static queue (a down endpoint raises RetryableError)."""
-        await self.aws.start()
-        if self._template.is_static:
-            try:
-                await self._probe(self.cfg.queue_url)
-            except BaseException:
-                await self.aws.stop()
-                raise
+        self.cfg: SQSConfig = config
 
     async def _probe(self, url: str) -> dict[str, str]:
         resp = await self.aws.call(
-            f"sqs GetQueueAttributes {url}", self.aws.client.get_queue_attributes, QueueUrl=url,
+            f"sqs GetQueueAttributes {url}",
+            self.aws.client.get_queue_attributes,
+            QueueUrl=url,
             AttributeNames=["FifoQueue", "QueueArn"],
         )
         attrs: dict[str, str] = resp.get("Attributes", {})
@@ -114,28 +84,9 @@ class SQSTransport(Transport):
         )
         return resp
 
-    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
-        self.aws.ensure_open()
-        return await send_batch(batch, self.cfg, self.fifo, self._entry, self._api)
-
-    async def close(self) -> None:
-        await self.aws.stop()
-
-    async def check(self) -> str:
-        """One line: the queue exists and is reachable (GetQueueAttributes)."""
-        url = self.target(Event(type="check", stream="check"))
-        opened_here = self.aws.client is None
-        try:
-            if opened_here:
-                await self.aws.start()
-            attrs = await self._probe(url)
-        except TransportError as exc:
-            raise self.aws.check_error(exc, f"that queue {url} exists") from exc
-        finally:
-            if opened_here:
-                await self.aws.stop()
+    def _describe(self, target: str, attrs: dict[str, str]) -> str:
         kind = "FIFO" if attrs.get("FifoQueue") == "true" else "standard"
-        return f"sqs {kind} queue {attrs.get('QueueArn', url)} reachable"
+        return f"sqs {kind} queue {attrs.get('QueueArn', target)} reachable"
 
     def reader(self, target: str, **options: Any) -> Reader:
         return SQSReader(AWSBase("sqs", self.cfg, self.destination), target, **options)
@@ -163,9 +114,12 @@ class SQSReader(Reader):
             if left <= 0:
                 break
             resp = await self.aws.call(
-                f"sqs ReceiveMessage {self.queue_url}", self.aws.client.receive_message,
-                QueueUrl=self.queue_url, MaxNumberOfMessages=min(10, count - len(out)),
-                WaitTimeSeconds=max(0, min(1, int(left))), MessageAttributeNames=["All"],
+                f"sqs ReceiveMessage {self.queue_url}",
+                self.aws.client.receive_message,
+                QueueUrl=self.queue_url,
+                MaxNumberOfMessages=min(10, count - len(out)),
+                WaitTimeSeconds=max(0, min(1, int(left))),
+                MessageAttributeNames=["All"],
                 MessageSystemAttributeNames=["All"],
             )
             msgs = resp.get("Messages", [])
@@ -173,7 +127,8 @@ class SQSReader(Reader):
                 out.append(self._decode(msg))
             if msgs and self.delete:
                 await self.aws.call(
-                    f"sqs DeleteMessageBatch {self.queue_url}", self.aws.client.delete_message_batch,
+                    f"sqs DeleteMessageBatch {self.queue_url}",
+                    self.aws.client.delete_message_batch,
                     QueueUrl=self.queue_url,
                     Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(msgs)],
                 )
