@@ -116,7 +116,7 @@ async def main() -> None:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--in-flight", type=int, default=4)
-    ap.add_argument("--per-stream", type=int, default=100, help="relay: events of one stream per batch")
+    ap.add_argument("--per-stream", type=int, default=16, help="relay: events of one stream per batch (config default)")
     ap.add_argument("--window", type=int, default=4000, help="raw client: publishes in flight before awaiting")
     ap.add_argument("--encode-in-raw", action="store_true", help="time the raw client's header building too")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the memory-transport engine run")
