@@ -74,3 +74,33 @@ async def _read_all(reader: Reader, count: int, timeout: float) -> list[Received
         out.extend(got)
         seen.update(r.event.id for r in got)
     return out
+
+
+def assert_complete_and_ordered(
+    events: list[Event],
+    got: list[Received],
+    *,
+    exactly_once: bool = True,
+    adjacent_redelivery: bool = False,
+    key_is_stream: bool = False,
+) -> None:
+    """Every event arrived (exactly once, unless ``exactly_once`` is off) and each stream's
+    events in append order; ``adjacent_redelivery`` tolerates a message read twice in a row,
+    ``key_is_stream`` also requires the broker's key (partition key, SessionId) to be the stream."""
+    ids = {g.event.id for g in got}
+    assert len(ids) == len(events), f"{len(events) - len(ids)} events missing"
+    if exactly_once:
+        assert len(got) == len(events), f"{len(got) - len(events)} duplicates"
+    want: dict[str, list[str]] = defaultdict(list)
+    seen: dict[str, list[str]] = defaultdict(list)
+    for e in events:
+        want[e.stream].append(e.id)
+    for g in got:
+        if key_is_stream:
+            assert g.key == g.event.stream, f"broker key {g.key!r} is not the stream {g.event.stream!r}"
+        lane = seen[g.event.stream]
+        if adjacent_redelivery and lane and lane[-1] == g.event.id:
+            continue
+        lane.append(g.event.id)
+    for stream, order in want.items():
+        assert seen[stream] == order, f"stream {stream} out of order"

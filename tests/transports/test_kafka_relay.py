@@ -3,27 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from pathlib import Path
 
-from outrelay import Event, Outbox, Received, Relay, parse_config
+from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
+from tests.peers._relay import assert_complete_and_ordered
 from tests.peers.kafka import KafkaPeer, new_topic
-
-
-def assert_complete_and_ordered(events: list[Event], got: list[Received]) -> None:
-    """Every event arrived, none twice, and each stream's events in append order."""
-    ids = {g.event.id for g in got}
-    assert len(ids) == len(events), f"{len(events) - len(ids)} events missing"
-    assert len(got) == len(events), f"{len(got) - len(events)} duplicates"
-    want: dict[str, list[str]] = defaultdict(list)
-    seen: dict[str, list[str]] = defaultdict(list)
-    for e in events:
-        want[e.stream].append(e.id)
-    for g in got:
-        seen[g.event.stream].append(g.event.id)
-    for stream, order in want.items():
-        assert seen[stream] == order, f"stream {stream} out of order"
 
 
 async def test_relay_10k_events_50_streams(tmp_path: Path, kafka_peer: KafkaPeer) -> None:

@@ -4,27 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
 from pathlib import Path
 
-from outrelay import Event, Outbox, Received, Relay, parse_config
+from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._transport import NatsTransport
+from tests.peers._relay import assert_complete_and_ordered
 from tests.peers.nats import NatsServer, StreamFactory
-
-
-def _assert_complete_and_ordered(events: list[Event], got: list[Received]) -> None:
-    by_id = {g.event.id for g in got}
-    assert len(by_id) == len(events), f"{len(events) - len(by_id)} events missing"
-    assert len(got) == len(events), f"{len(got) - len(events)} duplicates stored"
-    want: dict[str, list[str]] = defaultdict(list)
-    seen: dict[str, list[str]] = defaultdict(list)
-    for e in events:
-        want[e.stream].append(e.id)
-    for g in got:
-        seen[g.event.stream].append(g.event.id)
-    for stream, ids in want.items():
-        assert seen[stream] == ids, f"stream {stream} out of order"
 
 
 async def test_relay_10k_events_50_streams(
@@ -61,7 +47,7 @@ async def test_relay_10k_events_50_streams(
     outbox.close()
     assert summary.remaining == 0 and summary.dead_lettered == 0
     assert summary.counts["n"]["delivered"] == 10_000
-    _assert_complete_and_ordered(events, got)
+    assert_complete_and_ordered(events, got)
     assert elapsed < 60
 
 
@@ -117,4 +103,4 @@ async def test_relay_survives_broker_kill(tmp_path: Path, nats_server: NatsServe
     async with reader_t.reader("chaos.>", stream="CHAOS", deliver="all") as reader:
         got = await reader.read(len(events), 15)
         got += await reader.read(10, 0.3)  # nothing beyond: no duplicate was stored
-    _assert_complete_and_ordered(events, got)
+    assert_complete_and_ordered(events, got)

@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.transports.redis._reader import decode
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport
+from tests.peers._relay import assert_complete_and_ordered
 from tests.peers.redis import OwnRedis
-from tests.transports.test_kafka_relay import assert_complete_and_ordered
 
 
 async def test_relay_10k_events_50_streams(tmp_path: Path, redis_url: str) -> None:
