@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -96,6 +97,8 @@ class NatsServer:
     def __init__(self, store_dir: Path, port: int | None = None, args: Sequence[str] = ()) -> None:
         self.store_dir = store_dir
         self.port = port or free_port()
+        self._port_chosen = port is None  # ours to re-pick if another process wins the race for it
+        self._started = False
         self.args = tuple(args)  # e.g. ("--user", "u", "--pass", "p") or TLS options
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -104,11 +107,24 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        args = [NATS_SERVER_BIN, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir), *self.args]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if not wait_port("127.0.0.1", self.port, 10):
+        """Start (or restart, on the same port). A first start on a port we picked ourselves tries
+        another free port if someone else took it between free_port() and the bind."""
+        for _ in range(3 if self._port_chosen and not self._started else 1):
+            args = [NATS_SERVER_BIN, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
+            self.proc = subprocess.Popen([*args, *self.args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # the port must answer *and* be ours: if the bind failed, nats-server exits at once and
+            # wait_port() would be answered by whoever holds the port
+            if wait_port("127.0.0.1", self.port, 10) and self._settled():
+                self._started = True
+                return
             self.kill()
-            raise RuntimeError(f"nats-server did not listen on {self.port}")
+            self.port = free_port()
+        raise RuntimeError(f"nats-server did not start (port taken, or it exited); last port {self.port}")
+
+    def _settled(self) -> bool:
+        """Still running a moment after the port answered (a failed bind exits within that)."""
+        time.sleep(0.2)
+        return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
         """kill -9: no shutdown, no flush."""
