@@ -187,19 +187,20 @@ class SQLiteStore(Store):
 
     def route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
         with self._tx() as db:
+            cursor = self._cursor(db)
             static = getattr(router, "static_destinations", None)
-            columns = "seq, stream, NULL, NULL" if static is not None else "seq, stream, attrs, data"
+            if static is not None:
+                return self._route_static(db, static, cursor, limit, now)
             rows = db.execute(
-                f"SELECT {columns} FROM outrelay_events WHERE seq > ? ORDER BY seq LIMIT ?",
-                (self._cursor(db), limit),
+                "SELECT seq, stream, attrs, data FROM outrelay_events WHERE seq > ? ORDER BY seq LIMIT ?",
+                (cursor, limit),
             ).fetchall()
             if not rows:
                 return 0
             deliveries: list[tuple[str, str, int, float]] = []
             lanes: dict[tuple[str, str], int] = {}
             for seq, stream, attrs, data in rows:
-                dests = static if static is not None else router(self._event(seq, attrs, data))
-                for dest in dests:
+                for dest in router(self._event(seq, attrs, data)):
                     deliveries.append((dest, stream, seq, now))
                     lanes[(dest, stream)] = lanes.get((dest, stream), 0) + 1
             db.executemany(
@@ -211,8 +212,31 @@ class SQLiteStore(Store):
                 "ON CONFLICT (destination, stream) DO UPDATE SET pending = pending + excluded.pending",
                 [(d, s, now, n) for (d, s), n in lanes.items()],
             )
-            db.execute("UPDATE outrelay_meta SET value = ? WHERE key = 'route_cursor'", (str(rows[-1][0]),))
+            self._set_cursor(db, rows[-1][0])
             return len(rows)
+
+    def _route_static(self, db: sqlite3.Connection, dests: Sequence[str], cursor: int, limit: int, now: float) -> int:
+        """Every event goes to every destination: route inside SQLite, no row reaches Python."""
+        count, last = db.execute(
+            "SELECT COUNT(*), MAX(seq) FROM (SELECT seq FROM outrelay_events WHERE seq > ? ORDER BY seq LIMIT ?)",
+            (cursor, limit),
+        ).fetchone()
+        if not count:
+            return 0
+        for dest in dests:  # ids ascend with seq, so each lane keeps event order
+            db.execute(
+                "INSERT INTO outrelay_deliveries (destination, stream, event_seq, created_at) "
+                "SELECT ?, stream, seq, ? FROM outrelay_events WHERE seq > ? AND seq <= ? ORDER BY seq",
+                (dest, now, cursor, last),
+            )
+            db.execute(
+                "INSERT INTO outrelay_lanes (destination, stream, due_at, pending) "
+                "SELECT ?, stream, ?, COUNT(*) FROM outrelay_events WHERE seq > ? AND seq <= ? GROUP BY stream "
+                "ON CONFLICT (destination, stream) DO UPDATE SET pending = pending + excluded.pending",
+                (dest, now, cursor, last),
+            )
+        self._set_cursor(db, int(last))
+        return int(count)
 
     def claim(
         self, destination: str, *, limit: int, per_lane: int, owner: str, lease_seconds: float, now: float
@@ -254,12 +278,18 @@ class SQLiteStore(Store):
         lanes: dict[str, tuple[float, bool, int]] = {}  # stream -> (due_at, parked, removed)
         done: dict[str, list[tuple[int]]] = {}  # stream -> delivered ids
         delivered = 0
+        undelivered: set[str] = set()  # streams with a settlement other than delivered so far
+        scattered: set[str] = set()  # streams with a delivered row after an undelivered one
         with self._tx() as db:
             for s in settlements:
                 due, parked, removed = lanes.get(s.stream, (now, False, 0))
                 if s.kind == "delivered":
+                    if s.stream in undelivered:
+                        scattered.add(s.stream)
                     done.setdefault(s.stream, []).append((s.delivery_id,))
-                elif s.kind == "retry":
+                else:
+                    undelivered.add(s.stream)
+                if s.kind == "retry":
                     db.execute(
                         "UPDATE outrelay_deliveries SET attempts = ?, last_error = ?, "
                         "first_attempt_at = COALESCE(first_attempt_at, ?) WHERE id = ?",
@@ -298,7 +328,15 @@ class SQLiteStore(Store):
                 lanes[s.stream] = (due, parked, removed)
             for stream, ids in done.items():
                 # rowcount, not len(ids): a relay whose lease ran out may settle rows another already removed
-                gone = db.executemany("DELETE FROM outrelay_deliveries WHERE id = ?", ids).rowcount
+                if stream not in scattered:
+                    # delivered rows are the first of their lane (a claim takes a lane's lowest ids,
+                    # settlements keep claim order, ids only grow): one range delete
+                    gone = db.execute(
+                        "DELETE FROM outrelay_deliveries WHERE destination = ? AND stream = ? AND id <= ?",
+                        (destination, stream, ids[-1][0]),
+                    ).rowcount
+                else:
+                    gone = db.executemany("DELETE FROM outrelay_deliveries WHERE id = ?", ids).rowcount
                 due, parked, removed = lanes[stream]
                 lanes[stream] = (due, parked, removed + gone)
                 delivered += gone
@@ -331,6 +369,10 @@ class SQLiteStore(Store):
     def unrouted(self) -> int:
         with self._lock:
             return int(self._q("SELECT COUNT(*) FROM outrelay_events WHERE seq > ?", (self._cursor(self._db),))[0][0])
+
+    @staticmethod
+    def _set_cursor(db: sqlite3.Connection, seq: int) -> None:
+        db.execute("UPDATE outrelay_meta SET value = ? WHERE key = 'route_cursor'", (str(seq),))
 
     @staticmethod
     def _cursor(db: sqlite3.Connection) -> int:
@@ -513,7 +555,7 @@ class SQLiteStore(Store):
         with self._tx() as db:
             cur = db.execute(
                 "DELETE FROM outrelay_events WHERE seq <= ? AND time < ? "
-                "AND NOT EXISTS (SELECT 1 FROM outrelay_deliveries d WHERE d.event_seq = seq) "
+                "AND seq NOT IN (SELECT event_seq FROM outrelay_deliveries) "
                 "AND NOT EXISTS (SELECT 1 FROM outrelay_dead_letters dl WHERE dl.event_seq = seq)",
                 (self._cursor(db), older_than),
             )

@@ -68,4 +68,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "INSERT OR REPLACE INTO outrelay_meta (key, value) "
         "SELECT 'route_cursor', CAST(COALESCE(MAX(seq), 0) AS TEXT) FROM outrelay_events WHERE routed = 1",
     ),
+    # 3: no index on deliveries.event_seq. Every routed event paid for it twice (insert, delete);
+    # only pruning read it, and pruning now looks the pending sequences up once per run.
+    ("DROP INDEX IF EXISTS outrelay_deliveries_event",),
 )
