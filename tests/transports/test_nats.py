@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
+import nats
 import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from outrelay import Delivered, Event, Message, PermanentError, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core import cloudevents
+from outrelay.transports.nats._acks import header_block
 from outrelay.transports.nats._config import NatsConfig, mask_url
-from outrelay.transports.nats._transport import NatsTransport
+from outrelay.transports.nats._transport import NatsTransport, _after_failures, drop_unsent
 from tests.peers.nats import StreamFactory, private_nats_server
 from tests.services import free_port
 
@@ -79,10 +84,11 @@ class TestPublish:
         finally:
             await t.close()
 
-    async def test_order_per_stream_in_one_batch(self, nats_url: str, stream: tuple[str, str]) -> None:
-        """A batch holding several messages per stream arrives in batch order per stream."""
+    @pytest.mark.parametrize("pipeline", [True, False])
+    async def test_order_per_stream_in_one_batch(self, nats_url: str, stream: tuple[str, str], pipeline: bool) -> None:
+        """A batch holding several messages per stream arrives in batch order per stream (pipelined or not)."""
         _, prefix = stream
-        t = NatsTransport(NatsConfig(servers=(nats_url,), subject=prefix + ".{stream}"))
+        t = NatsTransport(NatsConfig(servers=(nats_url,), subject=prefix + ".{stream}", pipeline=pipeline))
         await t.open()
         try:
             events = [Event(type="t", stream=f"s{i % 7}", data={"i": i}) for i in range(700)]
@@ -119,6 +125,62 @@ class TestPublish:
             assert ok_r == Delivered() and isinstance(big_r, Rejected)
         finally:
             await t.close()
+
+
+class TestWire:
+    async def test_header_block_is_what_nats_py_sends(self) -> None:
+        """Our HPUB header block is byte for byte the one nats-py's publish() builds (CR/LF in a value
+        become spaces, values are stripped), and the private client methods we publish through exist."""
+        headers = {"ce-id": "1", "ce-source": " src ", "ce-subject": "a\r\nInjected: 1", "ce-type": "t\u00e9"}
+        captured: list[bytes] = []
+        nc = Client()
+
+        async def capture(cmd: bytes, priority: bool = False) -> None:
+            captured.append(cmd)
+
+        nc._send_command = capture  # type: ignore[method-assign]
+        await nc._send_publish("subj", "reply", b"body", 4, headers)
+        first_line, rest = captured[0].split(b"\r\n", 1)
+        hdr_len = int(first_line.split()[3])
+        assert rest[:hdr_len] == header_block(headers)
+        for name in ("_send_command", "_flush_pending", "_flush_queue", "_pending", "_pending_data_size"):
+            assert hasattr(Client(), name), f"nats-py no longer has Client.{name}: revisit _acks.py / drop_unsent"
+
+    async def test_unsent_buffer_is_dropped(self, nats_url: str) -> None:
+        """drop_unsent() forgets a published-but-unflushed message: it never reaches the server
+        (what keeps a reconnect from sending it after a lost earlier one)."""
+        nc = await nats.connect(nats_url)
+        try:
+            got: list[bytes] = []
+
+            async def on_msg(msg: Msg) -> None:
+                got.append(msg.data)
+
+            sub = await nc.subscribe("outrelay.test.drop", cb=on_msg)
+            await nc.flush()
+            await nc.publish("outrelay.test.drop", b"dropped")  # buffered; the flusher has not run yet
+            assert drop_unsent(nc) > 0
+            await nc.publish("outrelay.test.drop", b"kept")
+            await nc.flush()
+            await asyncio.sleep(0.2)
+            assert got == [b"kept"]
+            await sub.unsubscribe()
+        finally:
+            await nc.close()
+
+    def test_failures_hold_later_and_stored_stay_delivered(self, caplog: pytest.LogCaptureFixture) -> None:
+        """Outcomes collected together: after a stream's first failure its later failures are held
+        (RetryLater), a later message the server stored stays Delivered and the break is logged."""
+        events = [Event(type="t", stream=s) for s in ("a", "a", "a", "b")]
+        batch = [Message(e, "x", e.stream) for e in events]
+        results = [Delivered(), RetryLater("no ack"), Rejected("too big"), Delivered()]
+        out = _after_failures("d", batch, results)
+        assert out[:2] == [Delivered(), RetryLater("no ack")]
+        assert isinstance(out[2], RetryLater) and "held back" in out[2].error
+        assert out[3] == Delivered() and not caplog.records
+        out = _after_failures("d", batch, [Delivered(), RetryLater("no ack"), Delivered(), Delivered()])
+        assert out[2] == Delivered()
+        assert "out of order" in caplog.text and events[2].id in caplog.text and events[1].id in caplog.text
 
 
 class TestErrors:

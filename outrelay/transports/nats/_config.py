@@ -62,6 +62,11 @@ class NatsConfig(TransportConfig):
     expected_stream: str | None = None
     create_stream: StreamSpec | None = None
     ack_timeout: float = Field(5.0, gt=0, le=300, description="seconds to wait for a JetStream ack")
+    pipeline: bool = Field(
+        True,
+        description="publish a stream's events of one batch back to back (one ordered connection) instead of "
+        "waiting for each ack; false = strictly one unacked message per stream",
+    )
     connect_timeout: float = Field(2.0, gt=0, le=60)
     reconnect_time_wait: float = Field(0.5, ge=0, le=60)
     max_message_bytes: int = Field(1_000_000, ge=1, description="data bytes; headers use the rest of max_payload")

@@ -7,18 +7,29 @@ Each event becomes one JetStream message on ``subject`` (a Template) with
 * the CloudEvents binary headers (``ce-*``) and ``Content-Type``;
 * ``Nats-Expected-Stream`` when ``expected_stream`` is set.
 
-Publishing is pipelined across streams on one connection, acks awaited
-together, through :class:`~outrelay.transports.nats._acks.AckMux` (what
-``js.publish_async`` does, without its nats-py 2.16 bug of turning every
-JetStream API error into a timeout).
+Publishing is pipelined on one connection, acks awaited together, through
+:class:`~outrelay.transports.nats._acks.AckMux` (what ``js.publish_async``
+does, without its nats-py 2.16 bug of turning every JetStream API error into
+a timeout).
 
-Within one stream the next message is published only after the previous
-one was acked: a pipelined message could otherwise be stored while
-an earlier one of its stream is lost in a reconnect, which would break
-per-stream order. That makes ``ordered_batches`` honest: after a failure no
-later message of that stream is published (they are reported RetryLater).
-The price: one stream moves one message per ack round trip, so throughput
-comes from many streams per batch (the relay's ``batch_size``/``per_stream``).
+Per-stream order with ``pipeline = true`` (default): a batch's messages are
+written in batch order on one connection and JetStream stores what one
+connection sends in the order sent, so the events of a stream land in order
+without waiting for each ack. What could break that is a *prefix* being lost
+while a later message is not: NATS over TCP loses whole tails, never holes,
+except that nats-py re-sends its unflushed buffer after a reconnect. The
+transport therefore drops that buffer when the connection drops (the
+messages in it time out and are retried in order) and publishes nothing
+while the client is reconnecting. A message refused locally (too large,
+wildcard subject) stops the later messages of its stream in the batch
+(reported RetryLater, not sent). The one case left is the server refusing
+message *k* of a stream while accepting *k+1* already on the wire (in a
+cluster, a stream leader change between the two; with ``discard=new``
+limits, room appearing between them): both outcomes are reported as they
+are, and the break in order is logged as a warning. ``pipeline = false``
+waits for each ack before publishing the stream's next message (then even
+that case cannot reorder), at the cost of one round trip per message per
+stream.
 
 No responders (no stream for the subject, JetStream not ready), timeouts and
 connection loss are retryable; the client reconnects by itself, and a
@@ -50,6 +61,7 @@ from outrelay.core.transport import (
     Message,
     Reader,
     Rejected,
+    RetryLater,
     SendResult,
     Transport,
     send_in_key_order,
@@ -58,7 +70,7 @@ from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._config import NatsConfig, StreamSpec, mask_url
 from outrelay.transports.nats._errors import classify, is_auth_error, mapped, result_for
 
-__all__ = ["NatsConfig", "NatsTransport", "StreamSpec", "connect"]
+__all__ = ["NatsConfig", "NatsTransport", "StreamSpec", "connect", "drop_unsent"]
 
 log = logging.getLogger("outrelay.transports.nats")
 _WILDCARD = re.compile(r"(^|\.)([*>]|)(\.|$)")
@@ -74,25 +86,51 @@ async def connect(cfg: NatsConfig, destination: str) -> Client:
     :raises PermanentError: authorization failed.
     """
 
-    last_error: list[Exception] = []
+    auth_errors: list[Exception] = []  # the server's refusal is often followed by a connection reset
 
     async def on_error(exc: Exception) -> None:
-        last_error[:] = [exc]
+        if is_auth_error(exc):
+            auth_errors[:] = [exc]
         log.debug("destination %s: nats client error: %s", destination, classify(exc)[1])
 
     opts = cfg.connect_options()
     opts.update(error_cb=on_error, allow_reconnect=True, max_reconnect_attempts=1)
+    holder: list[Client] = []
+
+    async def on_disconnect() -> None:
+        if holder:
+            drop_unsent(holder[0])
+
     bound = (cfg.connect_timeout + cfg.reconnect_time_wait) * 2 * len(cfg.servers) + 1.0
     with mapped(f"cannot connect to {cfg.where}", destination):
         try:
-            nc = await asyncio.wait_for(nats.connect(**opts), timeout=bound)
+            nc = Client()
+            holder.append(nc)
+            await asyncio.wait_for(nc.connect(**opts, disconnected_cb=on_disconnect), timeout=bound)
         except nats.errors.NoServersError as exc:
             # the pool ran dry; say why when the server refused our credentials
-            if last_error and is_auth_error(last_error[0]):
-                raise last_error[0] from exc
+            if auth_errors:
+                raise auth_errors[0] from exc
             raise
     nc.options["max_reconnect_attempts"] = -1  # read on every reconnect attempt
     return nc
+
+
+def drop_unsent(nc: Client) -> int:
+    """Forget what nats-py buffered but did not write before a connection dropped.
+
+    nats-py writes that buffer to the *next* connection, after messages that
+    were on the lost one may have vanished: a later event could then be
+    stored before an earlier one of its stream. Dropped messages get no ack,
+    time out and are retried in order. Returns the number of bytes dropped.
+    (Reaches into nats-py's private buffer; ``tests/transports/test_nats.py``
+    fails if a nats-py release renames it.)
+    """
+    size = int(getattr(nc, "_pending_data_size", 0))
+    if isinstance(getattr(nc, "_pending", None), list):
+        nc._pending = []
+        nc._pending_data_size = 0
+    return size
 
 
 class NatsTransport(Transport):
@@ -212,10 +250,46 @@ class NatsTransport(Transport):
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         acks = await self._ready()
-        # one message in flight per stream: a later one must never overtake a lost or refused one
-        return await send_in_key_order(batch, lambda m: self._publish(acks, m))
+        if not self.cfg.pipeline:
+            # one message in flight per stream: a later one never overtakes a lost or refused one
+            return await send_in_key_order(batch, lambda m: self._publish_one(acks, m))
+        return await self._send_pipelined(acks, batch)
 
-    async def _publish(self, acks: AckMux, m: Message) -> SendResult:
+    async def _send_pipelined(self, acks: AckMux, batch: Sequence[Message]) -> list[SendResult]:
+        """Publish in batch order without waiting, then collect every ack (see the module docstring)."""
+        results: list[SendResult | None] = [None] * len(batch)
+        futures: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        halted: set[str] = set()
+        for i, m in enumerate(batch):
+            if m.key in halted:
+                results[i] = RetryLater(f"not sent: an earlier event of stream {m.key!r} failed")
+                continue
+            prepared = self._prepare(m)
+            if not isinstance(prepared, dict):
+                results[i] = prepared
+                halted.add(m.key)
+                continue
+            try:
+                futures[i] = await acks.publish(m.target, m.event.data, prepared)
+            except (nats.errors.Error, OSError) as exc:
+                results[i] = result_for(exc, m.target)
+                halted.add(m.key)
+        if futures:
+            _, late = await asyncio.wait(futures.values(), timeout=self.cfg.ack_timeout)
+            for f in late:
+                f.cancel()
+        for i, f in futures.items():
+            if f.cancelled():
+                results[i] = result_for(TimeoutError(), batch[i].target)
+            elif (error := f.exception()) is not None:
+                results[i] = result_for(error, batch[i].target)
+            else:
+                results[i] = Delivered(duplicate=bool(f.result().get("duplicate")))
+        out = [r if r is not None else RetryLater("no outcome recorded") for r in results]
+        return _after_failures(self.destination, batch, out)
+
+    def _prepare(self, m: Message) -> dict[str, str] | SendResult:
+        """The headers of ``m``, or its result when it cannot be published at all."""
         size = len(m.event.data)
         if size > self._max_bytes:
             return Rejected(f"message of {size} bytes exceeds max_message_bytes={self._max_bytes}")
@@ -227,9 +301,15 @@ class NatsTransport(Transport):
             headers["Content-Type"] = m.event.content_type
         if self.cfg.expected_stream:
             headers["Nats-Expected-Stream"] = self.cfg.expected_stream
+        return headers
+
+    async def _publish_one(self, acks: AckMux, m: Message) -> SendResult:
+        prepared = self._prepare(m)
+        if not isinstance(prepared, dict):
+            return prepared
         try:
             async with asyncio.timeout(self.cfg.ack_timeout):
-                ack = await (await acks.publish(m.target, m.event.data, headers))
+                ack = await (await acks.publish(m.target, m.event.data, prepared))
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             return result_for(exc, m.target)
         return Delivered(duplicate=bool(ack.get("duplicate")))
@@ -278,3 +358,33 @@ class NatsTransport(Transport):
         from outrelay.transports.nats._reader import NatsReader
 
         return NatsReader(self.cfg, target, destination=self.destination, **options)
+
+
+def _after_failures(destination: str, batch: Sequence[Message], results: list[SendResult]) -> list[SendResult]:
+    """Apply the ``ordered_batches`` rule to outcomes that arrived together.
+
+    After a stream's first failure its later failures are reported as held
+    (RetryLater, like the unsent ones of the one-at-a-time path). A later
+    message that was *stored* is reported Delivered — re-sending it would
+    only duplicate it — and the break in order is logged as a warning.
+    """
+    failed: dict[str, Message] = {}
+    for i, (m, r) in enumerate(zip(batch, results, strict=True)):
+        first = failed.get(m.key)
+        if first is None:
+            if not isinstance(r, Delivered):
+                failed[m.key] = m
+        elif not isinstance(r, Delivered):
+            if not (isinstance(r, RetryLater) and r.error.startswith("not sent")):
+                results[i] = RetryLater(f"held back: an earlier event of stream {m.key!r} failed")
+        elif not r.duplicate:
+            log.warning(
+                "destination %s: stream %r out of order: event %s was stored while the earlier event %s "
+                "failed and will be retried (the server refused one message and took the next; "
+                "set pipeline = false for strict order)",
+                destination,
+                m.key,
+                m.event.id,
+                first.event.id,
+            )
+    return results
