@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -58,6 +59,7 @@ __all__ = [
     "SendResult",
     "Transport",
     "TransportConfig",
+    "hold_after_failures",
     "send_in_key_order",
 ]
 
@@ -262,3 +264,39 @@ async def send_in_key_order(
 
     await asyncio.gather(*(lane(ix) for ix in lanes.values()))
     return [r if r is not None else RetryLater("not sent") for r in results]
+
+
+def hold_after_failures(
+    batch: Sequence[Message], results: list[SendResult], *, destination: str, log: logging.Logger, fix: str
+) -> list[SendResult]:
+    """The ``ordered_batches`` rule for a batch whose messages were all in flight at once.
+
+    A transport that pipelines a stream's messages on one ordered connection
+    learns their outcomes together. After a stream's first failure, its later
+    failures are reported held (RetryLater). A later message the broker
+    *stored* stays :class:`Delivered` — re-sending it would only duplicate
+    it — and the break in the stream's order is logged as a warning naming
+    both events and ``fix`` (how to get strict order). Returns ``results``,
+    changed in place.
+    """
+    failed: dict[str, Message] = {}
+    for i, (m, r) in enumerate(zip(batch, results, strict=True)):
+        first = failed.get(m.key)
+        if first is None:
+            if not isinstance(r, Delivered):
+                failed[m.key] = m
+        elif not isinstance(r, Delivered):
+            if not (isinstance(r, RetryLater) and r.error.startswith("not sent")):
+                results[i] = RetryLater(f"held back: an earlier event of stream {m.key!r} failed")
+        elif not r.duplicate:
+            log.warning(
+                "destination %s: stream %r out of order: event %s was stored while the earlier event %s "
+                "failed and will be retried (the broker refused one message and took the next; %s "
+                "for strict order)",
+                destination,
+                m.key,
+                m.event.id,
+                first.event.id,
+                fix,
+            )
+    return results

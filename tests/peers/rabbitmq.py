@@ -12,6 +12,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import aio_pika
@@ -54,13 +55,13 @@ class ExchangeFactory:
         self.exchanges.append(name)
         return name
 
-    async def queue(self, exchange: str, routing_key: str) -> str:
+    async def queue(self, exchange: str, routing_key: str, arguments: dict[str, Any] | None = None) -> str:
         """Declare a queue bound to ``exchange`` (deleted at teardown); return its name."""
         name = f"or-q-{uuid.uuid4().hex[:10]}"
         conn = await aio_pika.connect(self.url, timeout=5)
         async with conn:
             channel = await conn.channel()
-            queue = await channel.declare_queue(name, durable=True)
+            queue = await channel.declare_queue(name, durable=True, arguments=arguments)
             await queue.bind(exchange, routing_key)
         self.queues.append(name)
         return name

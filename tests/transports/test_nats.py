@@ -17,7 +17,7 @@ from outrelay import Delivered, Event, Message, PermanentError, Rejected, Retrya
 from outrelay.core import cloudevents
 from outrelay.transports.nats._acks import header_block
 from outrelay.transports.nats._config import NatsConfig, mask_url
-from outrelay.transports.nats._transport import NatsTransport, _after_failures, drop_unsent
+from outrelay.transports.nats._transport import NatsTransport, drop_unsent
 from tests.peers.nats import StreamFactory, private_nats_server
 from tests.services import free_port
 
@@ -167,20 +167,6 @@ class TestWire:
             await sub.unsubscribe()
         finally:
             await nc.close()
-
-    def test_failures_hold_later_and_stored_stay_delivered(self, caplog: pytest.LogCaptureFixture) -> None:
-        """Outcomes collected together: after a stream's first failure its later failures are held
-        (RetryLater), a later message the server stored stays Delivered and the break is logged."""
-        events = [Event(type="t", stream=s) for s in ("a", "a", "a", "b")]
-        batch = [Message(e, "x", e.stream) for e in events]
-        results = [Delivered(), RetryLater("no ack"), Rejected("too big"), Delivered()]
-        out = _after_failures("d", batch, results)
-        assert out[:2] == [Delivered(), RetryLater("no ack")]
-        assert isinstance(out[2], RetryLater) and "held back" in out[2].error
-        assert out[3] == Delivered() and not caplog.records
-        out = _after_failures("d", batch, [Delivered(), RetryLater("no ack"), Delivered(), Delivered()])
-        assert out[2] == Delivered()
-        assert "out of order" in caplog.text and events[2].id in caplog.text and events[1].id in caplog.text
 
 
 class TestErrors:

@@ -64,10 +64,14 @@ class TestPublish:
         decoded = cloudevents.from_binary(headers, msg.body, content_type=msg.content_type, prefix="cloudEvents_")
         assert decoded == ev
 
-    async def test_order_per_stream_via_reader(self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory) -> None:
-        """A batch with many messages per stream is read back in batch order per stream."""
+    @pytest.mark.parametrize("pipeline", [True, False])
+    async def test_order_per_stream_via_reader(
+        self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory, pipeline: bool
+    ) -> None:
+        """A batch with many messages per stream is read back in batch order per stream (pipelined or not)."""
         ex = await rabbitmq_exchanges("ord")
-        t = RabbitMQTransport(RabbitMQConfig(url=rabbitmq_url, exchange=ex, routing_key="s.{stream}"))
+        cfg = RabbitMQConfig(url=rabbitmq_url, exchange=ex, routing_key="s.{stream}", pipeline=pipeline)
+        t = RabbitMQTransport(cfg)
         await t.open()
         try:
             events = [Event(type="t", stream=f"s{i % 7}", data={"i": i}) for i in range(700)]
@@ -158,6 +162,24 @@ class TestErrors:
             assert isinstance(ra, Rejected if policy == "permanent" else RetryLater)
             assert "unroutable" in (ra.reason if isinstance(ra, Rejected) else ra.error)
             assert isinstance(rb, RetryLater)
+        finally:
+            await t.close()
+
+    async def test_full_queue_nack_holds_the_stream(
+        self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory
+    ) -> None:
+        """A queue at x-max-length with reject-publish nacks: that message is RetryLater, the later
+        messages of its stream are held back, another stream's first message still lands."""
+        ex = await rabbitmq_exchanges("full")
+        await rabbitmq_exchanges.queue(ex, "#", {"x-max-length": 2, "x-overflow": "reject-publish"})
+        t = RabbitMQTransport(RabbitMQConfig(url=rabbitmq_url, exchange=ex))
+        await t.open()
+        try:
+            a1, a2, a3, a4 = (Event(type="t", stream="a") for _ in range(4))
+            results = await t.send(_messages(t, [a1, a2, a3, a4]))
+            assert results[:2] == [Delivered(), Delivered()]
+            assert all(isinstance(r, RetryLater) for r in results[2:]), results
+            assert isinstance(results[3], RetryLater) and "held back" in results[3].error
         finally:
             await t.close()
 

@@ -64,6 +64,7 @@ from outrelay.core.transport import (
     RetryLater,
     SendResult,
     Transport,
+    hold_after_failures,
     send_in_key_order,
 )
 from outrelay.transports.nats._acks import AckMux
@@ -286,7 +287,7 @@ class NatsTransport(Transport):
             else:
                 results[i] = Delivered(duplicate=bool(f.result().get("duplicate")))
         out = [r if r is not None else RetryLater("no outcome recorded") for r in results]
-        return _after_failures(self.destination, batch, out)
+        return hold_after_failures(batch, out, destination=self.destination, log=log, fix="set pipeline = false")
 
     def _prepare(self, m: Message) -> dict[str, str] | SendResult:
         """The headers of ``m``, or its result when it cannot be published at all."""
@@ -358,33 +359,3 @@ class NatsTransport(Transport):
         from outrelay.transports.nats._reader import NatsReader
 
         return NatsReader(self.cfg, target, destination=self.destination, **options)
-
-
-def _after_failures(destination: str, batch: Sequence[Message], results: list[SendResult]) -> list[SendResult]:
-    """Apply the ``ordered_batches`` rule to outcomes that arrived together.
-
-    After a stream's first failure its later failures are reported as held
-    (RetryLater, like the unsent ones of the one-at-a-time path). A later
-    message that was *stored* is reported Delivered — re-sending it would
-    only duplicate it — and the break in order is logged as a warning.
-    """
-    failed: dict[str, Message] = {}
-    for i, (m, r) in enumerate(zip(batch, results, strict=True)):
-        first = failed.get(m.key)
-        if first is None:
-            if not isinstance(r, Delivered):
-                failed[m.key] = m
-        elif not isinstance(r, Delivered):
-            if not (isinstance(r, RetryLater) and r.error.startswith("not sent")):
-                results[i] = RetryLater(f"held back: an earlier event of stream {m.key!r} failed")
-        elif not r.duplicate:
-            log.warning(
-                "destination %s: stream %r out of order: event %s was stored while the earlier event %s "
-                "failed and will be retried (the server refused one message and took the next; "
-                "set pipeline = false for strict order)",
-                destination,
-                m.key,
-                m.event.id,
-                first.event.id,
-            )
-    return results

@@ -74,6 +74,11 @@ class RabbitMQConfig(TransportConfig):
     unroutable: Literal["permanent", "retryable"] = "permanent"
     persistent: bool = True
     confirm_timeout: float = Field(10.0, gt=0, le=300, description="seconds to wait for a publisher confirm")
+    pipeline: bool = Field(
+        True,
+        description="publish a stream's events of one batch back to back on the confirm channel instead of "
+        "waiting for each confirm; false = strictly one unconfirmed message per stream",
+    )
     connect_timeout: float = Field(5.0, gt=0, le=60)
     max_message_bytes: int = Field(8 * 1024 * 1024, ge=1, le=512 * 1024 * 1024)
     tls: bool = False

@@ -9,11 +9,22 @@ message a clear failure instead of a silent drop: ``unroutable =
 "permanent"`` rejects it (dead letter), ``"retryable"`` retries it (for a
 queue that is bound later).
 
-Per stream, the next message is published only after the previous one was
-confirmed, so a failed message never has a later message of its stream
-overtaking it on the queue (``ordered_batches``); different streams are
-pipelined on one confirm channel. One stream thus moves one message per
-confirm round trip; throughput comes from many streams per batch.
+Per-stream order with ``pipeline = true`` (default): a batch's messages are
+published in batch order on one confirm channel — the broker routes a
+channel's messages in the order received, so a stream's events reach their
+queue in order without waiting for each confirm. A lost connection or a
+closed channel loses a *tail* of what was sent, never a hole (aio-pika does
+not re-send on reconnect). A message refused locally (too large, bad name)
+or whose exchange is missing stops the later messages of its stream in the
+batch (RetryLater, not sent). The case left is the broker refusing message
+*k* and accepting *k+1* already on the wire — a nack from a queue at its
+``x-max-length`` with ``x-overflow = reject-publish`` that had room again a
+moment later, or a binding added between the two: both outcomes are
+reported as they are and the break in order is logged as a warning.
+``pipeline = false`` publishes a stream's next message only after the
+previous one was confirmed (then nothing can overtake a refused message),
+at one confirm round trip per message per stream; throughput then comes
+from many streams per batch.
 
 A missing exchange is found with a passive declare on a side channel (a
 publish to it would close the publishing channel) and reported retryable,
@@ -46,6 +57,7 @@ from outrelay.core.transport import (
     RetryLater,
     SendResult,
     Transport,
+    hold_after_failures,
     send_in_key_order,
 )
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, bad_names, split_target
@@ -162,10 +174,50 @@ class RabbitMQTransport(Transport):
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         channel = await self._ready()
-        # one message in flight per stream: a later one must never overtake a lost or refused one
-        return await send_in_key_order(batch, lambda m: self._publish(channel, m))
+        if not self.cfg.pipeline:
+            # one message in flight per stream: a later one never overtakes a lost or refused one
+            return await send_in_key_order(batch, lambda m: self._publish_one(channel, m))
+        return await self._send_pipelined(channel, batch)
 
-    async def _publish(self, channel: aio_pika.abc.AbstractChannel, m: Message) -> SendResult:
+    async def _send_pipelined(
+        self, channel: aio_pika.abc.AbstractChannel, batch: Sequence[Message]
+    ) -> list[SendResult]:
+        """Start every publish in batch order (aiormq writes a channel's frames in the order its
+        publishes start), then wait for all confirms (see the module docstring)."""
+        results: list[SendResult | None] = [None] * len(batch)
+        publishes: dict[int, asyncio.Task[Any]] = {}
+        halted: set[str] = set()
+        for i, m in enumerate(batch):
+            if m.key in halted:
+                results[i] = RetryLater(f"not sent: an earlier event of stream {m.key!r} failed")
+                continue
+            prepared = self._prepare(m)
+            if isinstance(prepared, Rejected):
+                results[i] = prepared
+                halted.add(m.key)
+                continue
+            message, name, routing_key = prepared
+            try:
+                exchange = await self._exchange(channel, name)
+            except VENDOR_ERRORS as exc:
+                results[i] = result_for(exc, self._secrets, m.target)
+                halted.add(m.key)
+                continue
+            publishes[i] = asyncio.create_task(
+                exchange.publish(message, routing_key, mandatory=self.cfg.mandatory, timeout=self.cfg.confirm_timeout)
+            )
+        if publishes:
+            await asyncio.wait(publishes.values())
+        for i, task in publishes.items():
+            if task.cancelled():  # aiormq cancels what a closing channel leaves unconfirmed
+                results[i] = RetryLater(f"channel to {self.cfg.where} closed before the confirm")
+            else:
+                results[i] = self._outcome(batch[i], task.exception())
+        out = [r if r is not None else RetryLater("no outcome recorded") for r in results]
+        return hold_after_failures(batch, out, destination=self.destination, log=log, fix="set pipeline = false")
+
+    def _prepare(self, m: Message) -> tuple[aio_pika.Message, str, str] | Rejected:
+        """The AMQP message, exchange and routing key of ``m``, or why it cannot be published."""
         event = m.event
         if len(event.data) > self.cfg.max_message_bytes:
             return Rejected(
@@ -187,14 +239,30 @@ class RabbitMQTransport(Transport):
             type=event.type,
             correlation_id=event.correlation_id,
         )
+        return message, name, routing_key
+
+    def _outcome(self, m: Message, exc: BaseException | None) -> SendResult:
+        if exc is None:
+            return Delivered()
+        if isinstance(exc, aiormq.exceptions.PublishError):
+            name, routing_key = split_target(m.target)
+            text = f"unroutable: no queue is bound to exchange {name!r} for routing key {routing_key!r}"
+            return RetryLater(text) if self.cfg.unroutable == "retryable" else Rejected(text)
+        if isinstance(exc, VENDOR_ERRORS):
+            return result_for(exc, self._secrets, m.target)
+        log.error("destination %s: publish raised %s (an aio-pika surprise)", self.destination, type(exc).__name__)
+        return RetryLater(f"unexpected {type(exc).__name__} while publishing")
+
+    async def _publish_one(self, channel: aio_pika.abc.AbstractChannel, m: Message) -> SendResult:
+        prepared = self._prepare(m)
+        if isinstance(prepared, Rejected):
+            return prepared
+        message, name, routing_key = prepared
         try:
             exchange = await self._exchange(channel, name)
             await exchange.publish(message, routing_key, mandatory=self.cfg.mandatory, timeout=self.cfg.confirm_timeout)
-        except aiormq.exceptions.PublishError:
-            text = f"unroutable: no queue is bound to exchange {name!r} for routing key {routing_key!r}"
-            return RetryLater(text) if self.cfg.unroutable == "retryable" else Rejected(text)
-        except VENDOR_ERRORS as exc:
-            return result_for(exc, self._secrets, m.target)
+        except (aiormq.exceptions.PublishError, *VENDOR_ERRORS) as exc:
+            return self._outcome(m, exc)
         return Delivered()
 
     async def _exchange(self, channel: aio_pika.abc.AbstractChannel, name: str) -> aio_pika.abc.AbstractExchange:

@@ -1,0 +1,60 @@
+"""The shared helpers transports use to keep ``ordered_batches`` honest."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from outrelay import Delivered, Event, Message, Rejected, RetryLater
+from outrelay.core.transport import SendResult, hold_after_failures, send_in_key_order
+
+log = logging.getLogger("tests.transport_helpers")
+
+
+def _batch(*streams: str) -> list[Message]:
+    return [Message(e, "x", e.stream) for e in (Event(type="t", stream=s) for s in streams)]
+
+
+async def test_send_in_key_order_stops_a_key_after_a_failure() -> None:
+    """Keys go concurrently, one key's messages one after another; after a failure the key's
+    later messages are not published at all."""
+    batch = _batch("a", "a", "a", "b", "b")
+    published: list[str] = []
+
+    async def publish(m: Message) -> SendResult:
+        published.append(m.event.id)
+        await asyncio.sleep(0)
+        return Rejected("no") if m is batch[1] else Delivered()
+
+    results = await send_in_key_order(batch, publish)
+    assert results[0] == Delivered() and isinstance(results[1], Rejected)
+    assert isinstance(results[2], RetryLater) and "not sent" in results[2].error
+    assert results[3:] == [Delivered(), Delivered()]
+    assert batch[2].event.id not in published
+    assert published.index(batch[3].event.id) < published.index(batch[4].event.id)
+
+
+def test_hold_after_failures(caplog: pytest.LogCaptureFixture) -> None:
+    """Outcomes that arrive together: after a stream's first failure its later failures are held
+    (RetryLater), other streams are untouched, a later message the broker stored stays Delivered
+    (re-sending would duplicate it) and the break in order is logged with both event ids."""
+    batch = _batch("a", "a", "a", "b")
+    results: list[SendResult] = [Delivered(), RetryLater("no ack"), Rejected("too big"), Delivered()]
+    out = hold_after_failures(batch, results, destination="d", log=log, fix="set pipeline = false")
+    assert out[:2] == [Delivered(), RetryLater("no ack")]
+    assert isinstance(out[2], RetryLater) and "held back" in out[2].error
+    assert out[3] == Delivered() and not caplog.records
+    again: list[SendResult] = [Delivered(), RetryLater("no ack"), Delivered(), Delivered()]
+    out = hold_after_failures(batch, again, destination="d", log=log, fix="set pipeline = false")
+    assert out[2] == Delivered()
+    assert "out of order" in caplog.text and "set pipeline = false" in caplog.text
+    assert batch[2].event.id in caplog.text and batch[1].event.id in caplog.text
+
+
+def test_hold_after_failures_ignores_duplicates(caplog: pytest.LogCaptureFixture) -> None:
+    """A later message acked as a duplicate was stored before (in order): no warning."""
+    batch = _batch("a", "a")
+    out = hold_after_failures(batch, [RetryLater("x"), Delivered(duplicate=True)], destination="d", log=log, fix="f")
+    assert out[1] == Delivered(duplicate=True) and not caplog.records
