@@ -319,3 +319,38 @@ class TestOperator:
         assert store.prune(now - 3600) == 0  # too young
         assert store.prune(now + 3600) == 1
         assert sorted(e.stream for e in store.events()) == ["dead", "pending", "unrouted"]
+
+
+class TestStaticRouting:
+    """With no routes every event goes to every destination: stores route without decoding events
+    (SQLite entirely in SQL). The outcome must be what the per-event router gives."""
+
+    def test_every_destination_gets_every_event_in_order(self, store: Store) -> None:
+        """In chunks of ``limit``: each destination's lanes hold their stream's events in order,
+        pending counts add up, and nothing is routed twice."""
+        from outrelay.core.routing import Router
+
+        events = store.append([ev(f"s{i % 3}", i) for i in range(25)])
+        router = Router([], ["a", "b"])
+        assert router.static_destinations == ("a", "b")
+        routed = [store.route(router, 10, T0) for _ in range(4)]
+        assert routed == [10, 10, 5, 0]
+        for dest in ("a", "b"):
+            assert status(store, dest).pending == 25
+            got = claim(store, dest, limit=100, per_lane=100)
+            for s in ("s0", "s1", "s2"):
+                want = [e.id for e in events if e.stream == s]
+                assert [c.event.id for c in got if c.event.stream == s] == want
+            deliver(store, got, dest)
+            assert status(store, dest).pending == 0
+
+    def test_delivered_after_a_hold_in_one_stream(self, store: Store) -> None:
+        """A settle where a stream has delivered, held and again delivered rows removes exactly
+        the delivered ones; the held one is claimed next, first in its lane."""
+        fill(store, {"s1": 4})
+        c = claim(store, per_lane=4)
+        kinds = ["delivered", "hold", "delivered", "delivered"]
+        store.settle("d", "r1", [Settlement(x.delivery_id, "s1", k) for x, k in zip(c, kinds, strict=True)], T0)  # type: ignore[arg-type]
+        assert status(store).pending == 1
+        again = claim(store, per_lane=4)
+        assert [x.delivery_id for x in again] == [c[1].delivery_id]

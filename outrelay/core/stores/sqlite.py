@@ -51,6 +51,7 @@ class SQLiteStore(Store):
         if not parent.exists():
             raise StoreError(f"directory {str(parent)!r} for the outbox {self.path!r} does not exist; create it first")
         self._lock = threading.RLock()
+        self._synchronous = synchronous
         self._lockfile: int | None = None
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
@@ -64,13 +65,30 @@ class SQLiteStore(Store):
     # -- plumbing -------------------------------------------------------------
 
     @contextmanager
-    def _tx(self, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
+    def _tx(self, mode: str = "IMMEDIATE", *, relaxed: bool = False) -> Iterator[sqlite3.Connection]:
+        """One write transaction on the store's connection.
+
+        ``relaxed`` commits without an fsync (``synchronous=NORMAL`` in WAL
+        mode) — for the relay's bookkeeping only: a power cut can then roll
+        back its last transactions as a whole (WAL keeps them atomic and in
+        commit order, and any later fsynced commit makes them durable), which
+        means sending some events again, never losing one. Appends and
+        operator actions are never relaxed.
+        """
         with self._lock:
             db = self._db
             try:
-                db.execute(f"BEGIN {mode}")
-                yield db
-                db.execute("COMMIT")
+                if relaxed:
+                    db.execute("PRAGMA synchronous=NORMAL")
+                try:
+                    db.execute(f"BEGIN {mode}")
+                    yield db
+                    db.execute("COMMIT")
+                finally:
+                    if relaxed:
+                        if db.in_transaction:
+                            db.execute("ROLLBACK")
+                        db.execute(f"PRAGMA synchronous={self._synchronous}")
             except BaseException as exc:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
@@ -179,14 +197,14 @@ class SQLiteStore(Store):
             )
 
     def release_relay(self, owner: str) -> None:
-        with self._tx() as db:
+        with self._tx(relaxed=True) as db:
             db.execute("UPDATE outrelay_lanes SET owner = NULL, due_at = 0 WHERE owner = ?", (owner,))
         if self._lockfile is not None:
             os.close(self._lockfile)
             self._lockfile = None
 
     def route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
-        with self._tx() as db:
+        with self._tx(relaxed=True) as db:
             cursor = self._cursor(db)
             static = getattr(router, "static_destinations", None)
             if static is not None:
@@ -241,7 +259,7 @@ class SQLiteStore(Store):
     def claim(
         self, destination: str, *, limit: int, per_lane: int, owner: str, lease_seconds: float, now: float
     ) -> list[Claimed]:
-        with self._tx() as db:
+        with self._tx(relaxed=True) as db:
             streams = [
                 r[0]
                 for r in db.execute(
@@ -280,7 +298,7 @@ class SQLiteStore(Store):
         delivered = 0
         undelivered: set[str] = set()  # streams with a settlement other than delivered so far
         scattered: set[str] = set()  # streams with a delivered row after an undelivered one
-        with self._tx() as db:
+        with self._tx(relaxed=True) as db:
             for s in settlements:
                 due, parked, removed = lanes.get(s.stream, (now, False, 0))
                 if s.kind == "delivered":
@@ -416,7 +434,7 @@ class SQLiteStore(Store):
         return out
 
     def record_error(self, destination: str, error: str | None, now: float) -> None:
-        with self._tx() as db:
+        with self._tx(relaxed=True) as db:
             db.execute(
                 "INSERT INTO outrelay_destinations (destination, last_error, last_error_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (destination) DO UPDATE SET last_error = excluded.last_error, "

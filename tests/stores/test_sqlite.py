@@ -1,0 +1,76 @@
+"""SQLite-only behaviour of the embedded outbox: durability settings and migrations."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from outrelay import Event
+from outrelay.core.routing import Router
+from outrelay.core.stores.base import Settlement
+from outrelay.core.stores.sqlite import SQLiteStore
+from outrelay.core.stores.sqlite_schema import MIGRATIONS
+
+
+def _synchronous(store: SQLiteStore) -> int:
+    return int(store._db.execute("PRAGMA synchronous").fetchone()[0])
+
+
+def test_relay_bookkeeping_is_relaxed_but_appends_stay_durable(tmp_path: Path) -> None:
+    """Route, claim and settle commit without fsync (synchronous=NORMAL) and put FULL back, so an
+    append on the same connection afterwards is fsynced again — also after a failed transaction."""
+    store = SQLiteStore(f"sqlite:///{tmp_path}/o.db")
+    try:
+        assert _synchronous(store) == 2  # FULL
+        store.acquire_relay("me")
+        store.append([Event(type="t", stream="s")])
+        assert store.route(Router([], ["d"]), 10, time.time()) == 1
+        claimed = store.claim("d", limit=10, per_lane=10, owner="me", lease_seconds=30, now=time.time())
+        store.settle("d", "me", [Settlement(c.delivery_id, "s", "delivered") for c in claimed], time.time())
+        assert _synchronous(store) == 2
+
+        def broken(event: Event) -> list[str]:
+            raise RuntimeError("router bug")
+
+        store.append([Event(type="t", stream="s")])
+        with pytest.raises(RuntimeError, match="router bug"):
+            store.route(broken, 10, time.time())
+        assert _synchronous(store) == 2 and not store._db.in_transaction
+        store.release_relay("me")
+    finally:
+        store.close()
+
+
+def test_migration_3_drops_the_event_seq_index_and_keeps_data(tmp_path: Path) -> None:
+    """An outbox created at schema 2 (with the deliveries.event_seq index) opens at the current
+    version without that index, its pending deliveries intact and still deliverable; prune still
+    keeps what is pending."""
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("CREATE TABLE outrelay_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    for script in MIGRATIONS[:2]:
+        for stmt in script:
+            db.execute(stmt)
+    db.execute("INSERT OR REPLACE INTO outrelay_meta VALUES ('schema_version', '2')")
+    db.close()
+    store = SQLiteStore(f"sqlite:///{path}")
+    try:
+        store.acquire_relay("me")
+        old = Event(type="t", stream="s", time=Event(type="t", stream="s").time.replace(year=2020))
+        store.append([old, Event(type="t", stream="s")])
+        store.route(Router([], ["d"]), 10, time.time())
+        version = store._db.execute("SELECT value FROM outrelay_meta WHERE key='schema_version'").fetchone()[0]
+        assert int(version) == len(MIGRATIONS) >= 3
+        indexes = {r[0] for r in store._db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        assert "outrelay_deliveries_event" not in indexes
+        assert store.prune(time.time()) == 0  # both still pending
+        claimed = store.claim("d", limit=10, per_lane=10, owner="me", lease_seconds=30, now=time.time())
+        assert [c.event.id for c in claimed] == [e.id for e in store.events()]
+        store.settle("d", "me", [Settlement(claimed[0].delivery_id, "s", "delivered")], time.time())
+        assert store.prune(time.time()) == 1  # the old, delivered one
+        store.release_relay("me")
+    finally:
+        store.close()
