@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 import os
 import socket
@@ -156,6 +157,9 @@ class Relay:
             raise UsageError("this Relay is already running")
         self._running = True
         started = time.monotonic()
+        gc_before = gc.get_threshold()
+        if self.config.relay.gc_threshold is not None:
+            gc.set_threshold(self.config.relay.gc_threshold, *gc_before[1:])
         self._loop = asyncio.get_running_loop()
         self._route_wake = asyncio.Event()
         await self.db(self.store.acquire_relay, self.owner)
@@ -200,6 +204,7 @@ class Relay:
             self._executor.shutdown(wait=True)
             if self._owns_outbox:
                 self.outbox.close()
+            gc.set_threshold(*gc_before)
             self._running = False
         return RunSummary({n: dict(w.counts) for n, w in self.workers.items()}, status, time.monotonic() - started)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -55,6 +56,20 @@ class TestDelivery:
         assert sum(map(len, seen.values())) == 3000 and summary.remaining == 0
         assert_ordered(seen)
         assert summary.counts["mem"]["delivered"] == 3000
+
+    @pytest.mark.parametrize("threshold", [5000, None])
+    async def test_gc_threshold_applies_while_running(self, tmp_path: Path, threshold: int | None) -> None:
+        """relay.gc_threshold sets the collector's first threshold for the run only; None leaves it alone."""
+        before = gc.get_threshold()
+        seen: list[tuple[int, int, int]] = []
+        cfg = config(tmp_path, relay={"poll_interval": 0.05, "gc_threshold": threshold})
+        outbox = Outbox.open(cfg.outbox.url)
+        outbox.append(events(10, 2))
+        relay = Relay(outbox, cfg)
+        relay.hook.outrelay_batch_settled = lambda **_: seen.append(gc.get_threshold())  # type: ignore[method-assign]
+        await relay.run(drain=True)
+        assert seen and all(t == ((threshold, *before[1:]) if threshold else before) for t in seen)
+        assert gc.get_threshold() == before
 
     async def test_transient_failures_retried_in_order(self, tmp_path: Path) -> None:
         """Retryable failures are retried with backoff and never reorder a stream."""
