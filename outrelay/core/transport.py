@@ -24,7 +24,12 @@ Guarantees a transport gives the relay:
   messages with the same ``key``; the transport delivers them in batch order
   and, once one of them fails, delivers none of the later ones with that key
   (it reports them :class:`RetryLater`). Otherwise the relay never puts two
-  messages with one key in a batch.
+  messages with one key in a batch. A transport may instead *pipeline* a
+  key's messages on one connection that the broker processes in order (a
+  lost connection then loses a tail, never a hole): it must not publish
+  after a local failure of the key, and reports outcomes that arrived
+  together through :func:`hold_after_failures` — the only order break left
+  is a broker refusing one message and accepting the next, which is logged.
 * ``open`` may fail with RetryableError (broker down): the relay retries it.
   ``close`` is idempotent. ``send`` after ``close`` raises
   :class:`~outrelay.UsageError`.
