@@ -12,7 +12,9 @@ import redis.asyncio as aioredis
 from outrelay import Event, Message, PermanentError, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core import cloudevents
 from outrelay.core.transport import Delivered
-from outrelay.transports.redis._transport import RedisConfig, RedisTransport
+from outrelay.transports.redis._batch import HELD
+from outrelay.transports.redis._reader import decode
+from outrelay.transports.redis._transport import RedisConfig, RedisTransport, encode
 from tests.peers.redis import OwnRedis
 
 
@@ -167,6 +169,82 @@ class TestRedisSend:
         await t.close()
         assert t.server_version is not None
         assert t.capabilities.native_dedupe == (t.server_version >= (8, 6))
+
+
+def packing_events(tenant: str) -> list[Event]:
+    """Events that stress the script's packing: non-ASCII attributes, control characters, empty and
+    binary data (':' and NUL bytes), different attribute sets (shapes) in one chunk."""
+    return [
+        Event(
+            type="order.created",
+            stream="ström-1",
+            source="urn:ünïcode:источник",
+            subject='zé ✓ 🙂 \n\t\x01 "q" \\ :3:',
+            tenant=tenant,
+            labels={"ключ": "значение", "emoji": "🙂"},
+            tags=("tag ✓", "t:2"),
+            metadata={"m": "\u2028"},
+            data={"текст": "ü"},
+        ),
+        Event(type="t", stream="ström-1", tenant=tenant),  # empty data, no content type
+        Event(type="t", stream="s2", tenant=tenant, data=b"", content_type="application/octet-stream"),
+        Event(type="t", stream="s2", tenant=tenant, data=b"3:a:\x00b:\x00\xff\r\n", correlation_id="c:1"),
+        Event(type="t", stream="s3", tenant=tenant, data="grüße: 🙂", sequence=42, subject="x"),
+        Event(type="t", stream="s3", tenant=tenant, data=bytes(range(256)) * 3),
+    ]
+
+
+class TestRedisPacking:
+    @pytest.mark.parametrize("batching", ["script", "pipeline"])
+    @pytest.mark.parametrize("mode", ["binary", "structured"])
+    async def test_entries_are_exactly_the_encoded_fields(self, redis_url: str, mode: str, batching: str) -> None:
+        """Each entry holds exactly encode(event, mode) — same names, values (bytes) and order — for
+        non-ASCII and control-character attributes, empty data, binary data with ':' and NUL bytes,
+        several attribute sets and two stream keys in one call; the reader rebuilds every event."""
+        keys = [key(), key()]
+        t = make(redis_url, "{tenant}", mode=mode, batching=batching, maxlen=1000)
+        batch = [e for k in keys for e in packing_events(k)]
+        batch = batch[::2] + batch[1::2]  # interleave the two keys, keeping each stream's order
+        client = aioredis.Redis.from_url(redis_url)
+        await t.open()
+        try:
+            assert await t.send([msg(t, e) for e in batch]) == [Delivered()] * len(batch)
+            stored = {k: await client.xrange(k) for k in keys}
+        finally:
+            await t.close()
+            await client.aclose()
+        for k in keys:
+            expected = [e for e in batch if e.tenant == k]
+            assert len(stored[k]) == len(expected)
+            for ev, (_id, fields) in zip(expected, stored[k], strict=True):
+                want = [(n.encode(), v if isinstance(v, bytes) else v.encode()) for n, v in encode(ev, mode).items()]
+                assert list(fields.items()) == want
+                assert decode(k, fields).event == ev
+
+    @pytest.mark.parametrize("batching", ["script", "pipeline"])
+    async def test_idmp_options_reach_xadd(self, redis_url: str, batching: str) -> None:
+        """With IDMP on, every XADD carries IDMP producer_id event_id: on Redis >= 8.6 a re-sent event is
+        not appended again; an older server refuses the option (Rejected, the stream's later event held)."""
+        k = key()
+        t = make(redis_url, k, batching=batching, maxlen=1000)
+        await t.open()
+        t._idmp = True  # forced, to exercise the option on any server
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            batch = [Event(type="t", stream="s", subject="ü"), Event(type="t", stream="s")]
+            first = await t.send([msg(t, e) for e in batch])
+            again = await t.send([msg(t, e) for e in batch])
+            length = await client.xlen(k)
+        finally:
+            await t.close()
+            await client.aclose()
+        assert t.server_version is not None
+        if t.server_version >= (8, 6):
+            assert first == again == [Delivered(), Delivered()]
+            assert length == 2
+        else:
+            assert isinstance(first[0], Rejected) and first[1] == RetryLater(HELD)
+            assert length == 0
 
 
 class TestRedisLifecycle:

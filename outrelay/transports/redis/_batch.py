@@ -13,6 +13,13 @@ Two ways keep ``ordered_batches`` honest:
 * ``pipeline``: waves of pipelined XADDs (``transaction=False``), wave *k*
   holding the *k*-th event of every stream still in good standing. One round
   trip per wave, so a batch with many events per stream takes several.
+
+Both write the same entries as :func:`outrelay.transports.redis._transport.encode`
+(same field names, values and order). The script path never builds that
+dict: :func:`pack_chunk` turns a chunk into two arguments — a JSON header
+(written by orjson, decoded by the script with ``cjson``) and the events'
+data concatenated — because the relay's CPU per event is what limits
+throughput, and unpacking runs in the server.
 """
 
 from __future__ import annotations
@@ -21,65 +28,77 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
+from redis import exceptions as rx
 
-from outrelay.core.transport import Delivered, RetryLater, SendResult
+from outrelay.core import cloudevents
+from outrelay.core.transport import Delivered, Message, RetryLater, SendResult
 from outrelay.transports.redis._errors import reply_result, result_for
 
-__all__ = ["HELD", "XADD_SCRIPT", "Entry", "pack_fields", "send_pipelined", "send_scripted"]
+__all__ = ["HELD", "XADD_SCRIPT", "Entry", "pack_chunk", "send_pipelined", "send_scripted"]
 
 HELD = "held back: an earlier event of this stream failed in this batch"
 
-# ARGV: count, then per entry: key index, ordering key, n, n XADD options (IDMP/MAXLEN), and the
-# fields packed as "<len>:<bytes><len>:<bytes>..." (one argument instead of ~22: the client's
-# per-argument encoding is what costs, and unpacking here runs in the server, off the relay's CPU).
-# Replies per entry: "I<id>" appended, "E<error>" failed, "H" held back.
+# KEYS: the chunk's distinct stream keys. ARGV[1]: JSON [shapes, options, producer id, entries];
+# ARGV[2]: the entries' data, concatenated in entry order. A shape is [field name, value index, ...]:
+# an entry's fields before "data", in XADD order. An entry is [key index, ordering key, shape index,
+# [values], data length, event id]; its XADD is
+#   XADD KEYS[key index] [IDMP <producer id> <event id>] <options> * <name_1> values[index_1] ... data <slice>
+# (IDMP when the producer id is not false; options: MAXLEN ~ n or nothing).
+# Reply: {status, error...}: status has one character per entry ("O" appended, "E" failed, "H" held
+# back because an earlier XADD of its ordering key failed), then the error text of every "E" in order.
 XADD_SCRIPT = """
-local function unpack_fields(s, args)
-  local i, n = 1, #s
-  while i <= n do
-    local c = string.find(s, ':', i, true)
-    local len = tonumber(string.sub(s, i, c - 1))
-    args[#args + 1] = string.sub(s, c + 1, c + len)
-    i = c + len + 1
-  end
-end
-local count = tonumber(ARGV[1])
-local pos = 2
-local failed = {}
-local out = {}
-for e = 1, count do
-  local kidx = tonumber(ARGV[pos])
-  local stream = ARGV[pos + 1]
-  local nopts = tonumber(ARGV[pos + 2])
-  pos = pos + 3
-  if failed[stream] then
-    out[e] = 'H'
+local head = cjson.decode(ARGV[1])
+local shapes, options, producer, entries = head[1], head[2], head[3], head[4]
+local blob, sub, pcall, xunpack = ARGV[2], string.sub, redis.pcall, unpack
+local failed, status, out = {}, {}, {''}
+local off = 0
+for e = 1, #entries do
+  local entry = entries[e]
+  local len = entry[5]
+  if failed[entry[2]] then
+    status[e] = 'H'
   else
-    local args = {'XADD', KEYS[kidx]}
-    for o = pos, pos + nopts - 1 do
-      args[#args + 1] = ARGV[o]
+    local args, n = {'XADD', KEYS[entry[1]]}, 2
+    if producer then
+      args[3], args[4], args[5] = 'IDMP', producer, entry[6]
+      n = 5
     end
-    args[#args + 1] = '*'
-    unpack_fields(ARGV[pos + nopts], args)
-    local r = redis.pcall(unpack(args))
+    for o = 1, #options do
+      args[n + o] = options[o]
+    end
+    n = n + #options + 1
+    args[n] = '*'
+    local shape, vals = shapes[entry[3]], entry[4]
+    for j = 1, #shape, 2 do
+      args[n + 1] = shape[j]
+      args[n + 2] = vals[shape[j + 1]]
+      n = n + 2
+    end
+    args[n + 1] = 'data'
+    args[n + 2] = sub(blob, off + 1, off + len)
+    local r = pcall(xunpack(args))
     if type(r) == 'table' and r.err then
-      failed[stream] = true
-      out[e] = 'E' .. r.err
+      failed[entry[2]] = true
+      status[e] = 'E'
+      out[#out + 1] = r.err
     else
-      out[e] = 'I' .. r
+      status[e] = 'O'
     end
   end
-  pos = pos + nopts + 1
+  off = off + len
 end
+out[1] = table.concat(status)
 return out
 """
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Entry:
-    """One XADD: ``stream`` is the ordering key, ``key`` the Redis key, ``options`` what goes
-    between the key and the id (IDMP, MAXLEN), ``fields`` the entry's field/value pairs."""
+    """One XADD of the pipeline path: ``stream`` is the ordering key, ``key`` the Redis key,
+    ``options`` what goes between the key and the id (IDMP, MAXLEN), ``fields`` the entry's
+    field/value pairs."""
 
     stream: str
     key: str
@@ -87,33 +106,86 @@ class Entry:
     fields: dict[str, str | bytes]
 
 
-def pack_fields(fields: dict[str, str | bytes]) -> bytes:
-    """The fields as ``<len>:<bytes>`` runs, names and values alternating (decoded by the script)."""
-    parts = []
-    for name, value in fields.items():
-        nb = name.encode()
-        vb = value if isinstance(value, bytes) else value.encode()
-        parts.append(b"%d:%b%d:%b" % (len(nb), nb, len(vb), vb))
-    return b"".join(parts)
+_STRUCTURED_SHAPE: list[str | int] = ["content-type", 1]
+_STRUCTURED_VALUES = (cloudevents.STRUCTURED_CONTENT_TYPE,)
 
 
-async def send_scripted(script: Any, entries: Sequence[Entry]) -> list[SendResult]:
-    """Run every entry through :data:`XADD_SCRIPT` in one call (errors of the call itself propagate)."""
+def _binary_shape(names: tuple[str, ...]) -> list[str | int]:
+    """The shape of an event whose :func:`cloudevents.attributes` has ``names`` (in that order):
+    ``ce_<name>`` for every attribute but ``datacontenttype``, then ``content-type`` — the
+    fields of ``encode(event, "binary")`` before ``data`` (``datacontenttype`` is present exactly
+    when ``event.content_type`` is set, and holds it)."""
+    shape: list[str | int] = []
+    for index, name in enumerate(names, 1):
+        if name != "datacontenttype":
+            shape += ("ce_" + name, index)
+    if "datacontenttype" in names:
+        shape += ("content-type", names.index("datacontenttype") + 1)
+    return shape
+
+
+def pack_chunk(
+    messages: Sequence[Message], *, mode: str, producer_id: str | None, head: list[str]
+) -> tuple[list[str], bytes, bytes]:
+    """``(keys, header, data)``: the KEYS and the two ARGV of one :data:`XADD_SCRIPT` call.
+
+    ``producer_id`` adds ``IDMP producer_id <event id>`` to every XADD (None: no IDMP);
+    ``head`` holds further options (``MAXLEN ~ n``), as strings.
+    """
     keys: dict[str, int] = {}
-    args: list[Any] = [len(entries)]
-    for e in entries:
-        index = keys.setdefault(e.key, len(keys) + 1)
-        args += (index, e.stream, len(e.options), *e.options, pack_fields(e.fields))
-    replies = await script(keys=list(keys), args=args)
+    shapes: list[list[str | int]] = []
+    shape_ids: dict[tuple[str, ...], int] = {}
+    rows: list[tuple[Any, ...]] = []
+    datas: list[bytes] = []
+    attributes = cloudevents.attributes
+    structured = mode == "structured"
+    if structured:
+        shapes.append(_STRUCTURED_SHAPE)
+    for m in messages:
+        event = m.event
+        index = keys.get(m.target)
+        if index is None:
+            index = keys[m.target] = len(keys) + 1
+        if structured:
+            data = cloudevents.to_structured(event)
+            rows.append((index, m.key, 1, _STRUCTURED_VALUES, len(data), event.id))
+        else:
+            attrs = attributes(event)
+            names = tuple(attrs)
+            shape = shape_ids.get(names)
+            if shape is None:
+                shapes.append(_binary_shape(names))
+                shape = shape_ids[names] = len(shapes)
+            data = event.data
+            rows.append((index, m.key, shape, tuple(attrs.values()), len(data), event.id))
+        datas.append(data)
+    header = orjson.dumps((shapes, head, False if producer_id is None else producer_id, rows))
+    return list(keys), header, b"".join(datas)
+
+
+async def send_scripted(
+    script: Any, messages: Sequence[Message], *, mode: str, producer_id: str | None, head: list[str]
+) -> list[SendResult]:
+    """Append ``messages`` through :data:`XADD_SCRIPT` in one call (see :func:`pack_chunk` for the
+    options); errors of the call itself propagate."""
+    keys, header, data = pack_chunk(messages, mode=mode, producer_id=producer_id, head=head)
+    reply = await script(keys=keys, args=[header, data])
+    status = reply[0] if isinstance(reply[0], bytes) else str(reply[0]).encode()
+    n = len(messages)
+    if len(status) != n:
+        raise rx.RedisError(f"the XADD script answered {len(status)} outcomes for {n} entries")  # retryable
+    if len(reply) == 1 and status == b"O" * n:
+        return [Delivered()] * n  # one shared (frozen) instance
+    errors = iter(reply[1:])
     out: list[SendResult] = []
-    for reply in replies:
-        text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
-        if text.startswith("I"):
+    for c in status:
+        if c == 0x4F:  # O
             out.append(Delivered())
-        elif text.startswith("H"):
+        elif c == 0x48:  # H
             out.append(RetryLater(HELD))
         else:
-            out.append(reply_result(text[1:]))
+            error = next(errors, b"unknown error")
+            out.append(reply_result(error.decode("utf-8", "replace") if isinstance(error, bytes) else str(error)))
     return out
 
 

@@ -157,50 +157,65 @@ class RedisTransport(Transport):
         results: list[SendResult | None] = [None] * len(batch)
         failed: set[str] = set()
         limit = self.cfg.max_message_bytes
-        head: list[Any] = [] if self.cfg.maxlen is None else ["MAXLEN", "~", self.cfg.maxlen]
-        chunks: list[list[tuple[int, Entry]]] = [[]]
+        chunks: list[list[int]] = [[]]  # indexes into batch
         size = 0
         for i, m in enumerate(batch):
             if m.key in failed:
                 results[i] = RetryLater(HELD)
                 continue
-            if len(m.event.data) > limit:
-                results[i] = Rejected(f"message of {len(m.event.data)} bytes exceeds max_message_bytes={limit}")
+            n = len(m.event.data)
+            if n > limit:
+                results[i] = Rejected(f"message of {n} bytes exceeds max_message_bytes={limit}")
                 failed.add(m.key)  # its later events are held in this loop
                 continue
-            options = ["IDMP", self.cfg.producer_id, m.event.id, *head] if self._idmp else head
-            size += len(m.event.data) + 1024
+            size += n + 1024
             if size > CHUNK_BYTES and chunks[-1]:  # keep one command (and the server's script time) bounded
                 chunks.append([])
-                size = len(m.event.data) + 1024
-            chunks[-1].append((i, Entry(m.key, m.target, options, encode(m.event, self.cfg.mode))))
+                size = n + 1024
+            chunks[-1].append(i)
         failed = set()  # from here on: streams whose XADD failed (later chunks hold their events)
-        for n, chunk in enumerate(chunks):
-            todo = [(i, e) for i, e in chunk if e.stream not in failed]
-            for i, e in chunk:
-                if e.stream in failed:
+        for c, chunk in enumerate(chunks):
+            todo: list[int] = []
+            for i in chunk:
+                if batch[i].key in failed:
                     results[i] = RetryLater(HELD)
+                else:
+                    todo.append(i)
             if not todo:
                 continue
             try:
                 with map_redis_errors(f"XADD to {self._where}", self.destination):
-                    if self._script is not None:
-                        outcomes = await send_scripted(self._script, [e for _, e in todo])
-                    else:
-                        outcomes = await send_pipelined(client, [e for _, e in todo])
+                    outcomes = await self._send_chunk(client, [batch[i] for i in todo])
             except TransportError as exc:
-                if n == 0:
+                if c == 0:
                     raise  # nothing went out: the whole batch failed
                 outcome: SendResult = Rejected(str(exc)) if isinstance(exc, PermanentError) else RetryLater(str(exc))
-                for later in chunks[n:]:
-                    for i, _ in later:
+                for later in chunks[c:]:
+                    for i in later:
                         results[i] = results[i] or outcome
                 break
-            for (i, e), outcome in zip(todo, outcomes, strict=True):
+            for i, outcome in zip(todo, outcomes, strict=True):
                 results[i] = outcome
                 if not isinstance(outcome, Delivered):
-                    failed.add(e.stream)
+                    failed.add(batch[i].key)
         return [r if r is not None else RetryLater("no outcome recorded") for r in results]
+
+    async def _send_chunk(self, client: aioredis.Redis, messages: list[Message]) -> list[SendResult]:
+        """One script call or one series of pipelined waves for ``messages``."""
+        head = [] if self.cfg.maxlen is None else ["MAXLEN", "~", str(self.cfg.maxlen)]
+        producer_id = self.cfg.producer_id if self._idmp else None
+        if self._script is not None:
+            return await send_scripted(self._script, messages, mode=self.cfg.mode, producer_id=producer_id, head=head)
+        entries = [
+            Entry(
+                m.key,
+                m.target,
+                head if producer_id is None else ["IDMP", producer_id, m.event.id, *head],
+                encode(m.event, self.cfg.mode),
+            )
+            for m in messages
+        ]
+        return await send_pipelined(client, entries)
 
     async def check(self) -> str:
         """PING, server version, and for a static key: that it is a stream (or absent)
