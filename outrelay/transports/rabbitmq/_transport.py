@@ -43,6 +43,7 @@ from typing import Any
 import aio_pika
 import aio_pika.abc
 import aiormq.exceptions
+from aiormq import spec
 
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
@@ -196,16 +197,15 @@ class RabbitMQTransport(Transport):
                 results[i] = prepared
                 halted.add(m.key)
                 continue
-            message, name, routing_key = prepared
+            properties, name, routing_key = prepared
             try:
-                exchange = await self._exchange(channel, name)
+                await self._exchange(channel, name)  # exists (checked once per channel)
+                wire = await channel.get_underlay_channel()
             except VENDOR_ERRORS as exc:
                 results[i] = result_for(exc, self._secrets, m.target)
                 halted.add(m.key)
                 continue
-            publishes[i] = asyncio.create_task(
-                exchange.publish(message, routing_key, mandatory=self.cfg.mandatory, timeout=self.cfg.confirm_timeout)
-            )
+            publishes[i] = asyncio.create_task(self._basic_publish(wire, m, properties, name, routing_key))
         if publishes:
             await asyncio.wait(publishes.values())
         for i, task in publishes.items():
@@ -216,8 +216,12 @@ class RabbitMQTransport(Transport):
         out = [r if r is not None else RetryLater("no outcome recorded") for r in results]
         return hold_after_failures(batch, out, destination=self.destination, log=log, fix="set pipeline = false")
 
-    def _prepare(self, m: Message) -> tuple[aio_pika.Message, str, str] | Rejected:
-        """The AMQP message, exchange and routing key of ``m``, or why it cannot be published."""
+    def _prepare(self, m: Message) -> tuple[spec.Basic.Properties, str, str] | Rejected:
+        """The AMQP properties, exchange and routing key of ``m``, or why it cannot be published.
+
+        Built as pamqp properties directly — what ``aio_pika.Message(...).properties`` gives
+        (same values, ``priority`` 0 included) at a quarter of the CPU.
+        """
         event = m.event
         if len(event.data) > self.cfg.max_message_bytes:
             return Rejected(
@@ -227,19 +231,30 @@ class RabbitMQTransport(Transport):
         invalid = bad_names(name, routing_key)
         if invalid is not None:
             return Rejected(invalid)
-        message = aio_pika.Message(
-            event.data,
+        properties = spec.Basic.Properties(
             headers=cloudevents.binary_headers(event, prefix=HEADER_PREFIX),  # type: ignore[arg-type]
             content_type=event.content_type,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT
-            if self.cfg.persistent
-            else aio_pika.DeliveryMode.NOT_PERSISTENT,
+            delivery_mode=2 if self.cfg.persistent else 1,
+            priority=0,
             message_id=event.id,
             timestamp=event.time,
-            type=event.type,
+            message_type=event.type,
             correlation_id=event.correlation_id,
         )
-        return message, name, routing_key
+        return properties, name, routing_key
+
+    async def _basic_publish(
+        self, wire: Any, m: Message, properties: spec.Basic.Properties, name: str, routing_key: str
+    ) -> None:
+        """Publish on the channel's aiormq side (what ``Exchange.publish`` calls) and await the confirm."""
+        await wire.basic_publish(
+            m.event.data,
+            exchange=name,
+            routing_key=routing_key,
+            properties=properties,
+            mandatory=self.cfg.mandatory,
+            timeout=self.cfg.confirm_timeout,
+        )
 
     def _outcome(self, m: Message, exc: BaseException | None) -> SendResult:
         if exc is None:
@@ -257,10 +272,10 @@ class RabbitMQTransport(Transport):
         prepared = self._prepare(m)
         if isinstance(prepared, Rejected):
             return prepared
-        message, name, routing_key = prepared
+        properties, name, routing_key = prepared
         try:
-            exchange = await self._exchange(channel, name)
-            await exchange.publish(message, routing_key, mandatory=self.cfg.mandatory, timeout=self.cfg.confirm_timeout)
+            await self._exchange(channel, name)
+            await self._basic_publish(await channel.get_underlay_channel(), m, properties, name, routing_key)
         except (aiormq.exceptions.PublishError, *VENDOR_ERRORS) as exc:
             return self._outcome(m, exc)
         return Delivered()
