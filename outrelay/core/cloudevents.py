@@ -21,6 +21,7 @@ functions are exact inverses, so readers rebuild the original :class:`Event`.
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,33 +51,52 @@ _SIMPLE = {
     "producer_version": "producerversion",
     "subject": "subject",
 }
+_SIMPLE_ITEMS = tuple(_SIMPLE.items())
 
 
 def attributes(event: Event) -> dict[str, str]:
     """The CloudEvents context attributes of ``event`` (no data), as strings."""
+    return _attributes(event, _names(""), True)
+
+
+def binary_headers(event: Event, prefix: str = "ce-") -> dict[str, str]:
+    """Binary-mode headers: every attribute but ``datacontenttype``, prefixed."""
+    return _attributes(event, _names(prefix), False)
+
+
+@functools.cache
+def _names(prefix: str) -> dict[str, str]:
+    """Attribute name -> name on the wire (``prefix`` + name), built once per prefix."""
+    core = ("specversion", "id", "source", "type", "time", "partitionkey", "streamid", "datacontenttype")
+    extra = ("sequence", "labels", "tags", "metadata")
+    return {n: prefix + n for n in (*core, *_SIMPLE.values(), *extra)}
+
+
+def _attributes(event: Event, n: dict[str, str], content_type: bool) -> dict[str, str]:
+    # one function for both views (called per event per send: no intermediate dict)
     out = {
-        "specversion": "1.0",
-        "id": event.id,
-        "source": event.source,
-        "type": event.type,
-        "time": event.time_text,
-        "partitionkey": event.stream,
-        "streamid": event.stream,
+        n["specversion"]: "1.0",
+        n["id"]: event.id,
+        n["source"]: event.source,
+        n["type"]: event.type,
+        n["time"]: event.time_text,
+        n["partitionkey"]: event.stream,
+        n["streamid"]: event.stream,
     }
-    if event.content_type:
-        out["datacontenttype"] = event.content_type
-    for field, name in _SIMPLE.items():
+    if content_type and event.content_type:
+        out[n["datacontenttype"]] = event.content_type
+    for field, name in _SIMPLE_ITEMS:
         value = getattr(event, field)
         if value is not None:
-            out[name] = value
+            out[n[name]] = value
     if event.sequence is not None:
-        out["sequence"] = str(event.sequence)
+        out[n["sequence"]] = str(event.sequence)
     if event.labels:
-        out["labels"] = orjson.dumps(dict(event.labels)).decode()
+        out[n["labels"]] = orjson.dumps(dict(event.labels)).decode()
     if event.tags:
-        out["tags"] = orjson.dumps(list(event.tags)).decode()
+        out[n["tags"]] = orjson.dumps(list(event.tags)).decode()
     if event.metadata:
-        out["metadata"] = orjson.dumps(dict(event.metadata)).decode()
+        out[n["metadata"]] = orjson.dumps(dict(event.metadata)).decode()
     return out
 
 
@@ -106,11 +126,6 @@ def from_attributes(attrs: Mapping[str, str], data: bytes) -> Event:
         fields["tags"] = tuple(orjson.loads(attrs["tags"]))
     sequence = int(attrs["sequence"]) if "sequence" in attrs else None
     return Event(**fields, data=bytes(data), sequence=sequence)
-
-
-def binary_headers(event: Event, prefix: str = "ce-") -> dict[str, str]:
-    """Binary-mode headers: every attribute but ``datacontenttype``, prefixed."""
-    return {prefix + k: v for k, v in attributes(event).items() if k != "datacontenttype"}
 
 
 def from_binary(headers: Mapping[str, str], data: bytes, *, content_type: str | None, prefix: str = "ce-") -> Event:
