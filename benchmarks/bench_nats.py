@@ -118,6 +118,9 @@ async def main() -> None:
     ap.add_argument("--in-flight", type=int, default=4)
     ap.add_argument("--per-stream", type=int, default=16, help="relay: events of one stream per batch (config default)")
     ap.add_argument("--window", type=int, default=4000, help="raw client: publishes in flight before awaiting")
+    ap.add_argument(
+        "--strict", action="store_true", help="relay with pipeline = false (one unacked message per stream)"
+    )
     ap.add_argument("--encode-in-raw", action="store_true", help="time the raw client's header building too")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the memory-transport engine run")
     args = ap.parse_args()
@@ -130,7 +133,13 @@ async def main() -> None:
         t_raw = await raw(url, subject, events, args.window, args.encode_in_raw)
         await delete_stream(url, name)
         name, subject = await create_stream(url)
-        dest = {"transport": "nats", "servers": [url], "subject": subject + ".{stream}", "expected_stream": name}
+        dest = {
+            "transport": "nats",
+            "servers": [url],
+            "subject": subject + ".{stream}",
+            "expected_stream": name,
+            "pipeline": not args.strict,
+        }
         t_relay = await relay(dest, events, args.batch_size, args.in_flight, args.per_stream)
     finally:
         await delete_stream(url, name)
@@ -138,7 +147,10 @@ async def main() -> None:
     what = "incl. encoding" if args.encode_in_raw else "pre-encoded"
     print(f"  raw nats-py publish_async pipelined : {n / t_raw:10.0f} ev/s ({t_raw:.2f} s, {what})")
     print(f"  outrelay relay -> nats              : {n / t_relay:10.0f} ev/s ({t_relay:.2f} s)")
-    print(f"  relay settings: batch_size={args.batch_size} per_stream={args.per_stream} max_in_flight={args.in_flight}")
+    print(
+        f"  relay settings: pipeline={not args.strict} batch_size={args.batch_size} "
+        f"per_stream={args.per_stream} max_in_flight={args.in_flight}"
+    )
     print(f"  ratio relay/raw                     : {t_raw / t_relay:10.2f}")
     if not args.no_ceiling:
         t_mem = await relay({"transport": "memory"}, events, args.batch_size, args.in_flight, args.per_stream)
