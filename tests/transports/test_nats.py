@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import nats
+import nkeys
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -271,6 +273,31 @@ def tls_cert(tmp_path: Path) -> tuple[Path, Path]:
 
 
 class TestSecurity:
+    async def test_nkey(self, tmp_path: Path) -> None:
+        """An NKey seed file authenticates (the server knows only the public key); another
+        seed is a PermanentError naming authorization, and no seed appears in it."""
+        good_seed, bad_seed = (nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER) for _ in range(2))
+        public = nkeys.from_seed(good_seed).public_key.decode()
+        conf = tmp_path / "nkey.conf"
+        conf.write_text(f'authorization {{ users = [ {{ nkey: "{public}" }} ] }}\n')
+        good_file, bad_file = tmp_path / "good.nk", tmp_path / "bad.nk"
+        good_file.write_bytes(good_seed)
+        bad_file.write_bytes(bad_seed)
+        with private_nats_server(tmp_path, ["-c", str(conf)]) as server:
+            spec = {"name": "NK", "subjects": ["nk.>"], "storage": "memory"}
+            good = NatsTransport(
+                NatsConfig(servers=(server.url,), nkey_seed_file=str(good_file), subject="nk.x", create_stream=spec)
+            )
+            await good.open()
+            try:
+                assert await good.send(_messages(good, [Event(type="t", stream="s")])) == [Delivered()]
+            finally:
+                await good.close()
+            bad = NatsTransport(NatsConfig(servers=(server.url,), nkey_seed_file=str(bad_file), connect_timeout=1))
+            with pytest.raises(PermanentError, match="authorization") as info:
+                await bad.open()
+            assert bad_seed.decode() not in str(info.value)
+
     async def test_user_password(self, tmp_path: Path) -> None:
         """user/password authenticate; a wrong password is a PermanentError that never shows the password."""
         with private_nats_server(tmp_path, ["--user", "relay", "--pass", "s3cret-pw"]) as server:
