@@ -116,6 +116,30 @@ class TestPublish:
         finally:
             await t.close()
 
+    async def test_whitespace_subject_is_rejected_and_connection_survives(
+        self, nats_url: str, stream: tuple[str, str]
+    ) -> None:
+        """A stream name with a space or CR/LF renders an invalid subject: Rejected before it reaches the wire
+        (it would split the HPUB line), its stream's later event held, other streams still delivered."""
+        name, prefix = stream
+        t = NatsTransport(NatsConfig(servers=(nats_url,), subject=prefix + ".{stream}", expected_stream=name))
+        await t.open()
+        try:
+            bad = Event(type="t", stream="order 42")
+            inject = Event(type="t", stream="x\r\nPUB evil 1\r\n")
+            later = Event(type="t", stream="order 42")
+            good = Event(type="t", stream="fine")
+            async with t.reader(f"{prefix}.>") as r:
+                results = await t.send(_messages(t, [bad, inject, later, good]))
+                assert isinstance(results[0], Rejected) and "whitespace" in results[0].reason
+                assert isinstance(results[1], Rejected) and isinstance(results[2], RetryLater)
+                assert results[3] == Delivered()
+                (got,) = await r.read(1, 5)
+                assert got.event.id == good.id
+                assert await t.send(_messages(t, [Event(type="t", stream="fine")])) == [Delivered()]
+        finally:
+            await t.close()
+
     async def test_oversized_is_rejected(self, nats_url: str, stream: tuple[str, str]) -> None:
         """Data over max_message_bytes is Rejected; exactly at the limit is delivered."""
         _, prefix = stream

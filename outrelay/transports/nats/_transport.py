@@ -75,6 +75,7 @@ __all__ = ["NatsConfig", "NatsTransport", "StreamSpec", "connect", "drop_unsent"
 
 log = logging.getLogger("outrelay.transports.nats")
 _WILDCARD = re.compile(r"(^|\.)([*>]|)(\.|$)")
+_WHITESPACE = re.compile(r"\s")
 
 
 async def connect(cfg: NatsConfig, destination: str) -> Client:
@@ -296,6 +297,8 @@ class NatsTransport(Transport):
             return Rejected(f"message of {size} bytes exceeds max_message_bytes={self._max_bytes}")
         if _WILDCARD.search(m.target):
             return Rejected(f"invalid subject {m.target!r}: a message cannot be published to a wildcard or empty token")
+        if _WHITESPACE.search(m.target):  # on the wire it would split the HPUB line (protocol injection)
+            return Rejected(f"invalid subject {m.target!r}: NATS subjects cannot contain whitespace")
         headers = cloudevents.binary_headers(m.event)
         headers["Nats-Msg-Id"] = m.event.id
         if m.event.content_type:
