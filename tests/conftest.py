@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.peers.kafka",
     "tests.peers.moto",
     "tests.peers.nats",
+    "tests.peers.proxy",
     "tests.peers.pubsub_emulator",
     "tests.peers.pulsar",
     "tests.peers.rabbitmq",

@@ -45,12 +45,13 @@ class KafkaPeer:
         return opts
 
 
-async def new_topic(peer: KafkaPeer, prefix: str = "t", partitions: int = 4) -> str:
-    """Create a fresh topic with ``partitions`` partitions and return its name."""
+async def new_topic(peer: KafkaPeer, prefix: str = "t", partitions: int = 4, **client: Any) -> str:
+    """Create a fresh topic with ``partitions`` partitions and return its name (``client``: more
+    admin-client options, e.g. ``security_protocol``/``ssl_context``)."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=peer.bootstrap, request_timeout_ms=10_000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=peer.bootstrap, request_timeout_ms=10_000, **client)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(name, partitions, 1)])

@@ -7,7 +7,6 @@ exchanges (and queues) and deletes them afterwards.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import uuid
@@ -21,7 +20,7 @@ import pytest
 
 from tests.services import need, port_open
 
-__all__ = ["ExchangeFactory", "TcpProxy", "rabbitmq_exchanges", "rabbitmq_url"]
+__all__ = ["ExchangeFactory", "rabbitmq_exchanges", "rabbitmq_url"]
 
 
 @pytest.fixture(scope="session")
@@ -89,43 +88,3 @@ async def rabbitmq_exchanges(rabbitmq_url: str) -> AsyncIterator[ExchangeFactory
     await factory.delete_all()
 
 
-class TcpProxy:
-    """A loopback TCP proxy whose :meth:`cut` drops every open connection (a network fault)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.upstream = (host, port)
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        except OSError:
-            writer.close()
-            return
-        self._writers |= {writer, up_writer}
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            dst.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-    def cut(self) -> None:
-        for w in self._writers:
-            w.transport.abort()
-        self._writers.clear()
-
-    async def stop(self) -> None:
-        self.cut()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()

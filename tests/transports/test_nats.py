@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -281,21 +279,6 @@ class TestCheck:
             await t.close()
 
 
-@pytest.fixture
-def tls_cert(tmp_path: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (cert, key), made with the openssl CLI."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
-
-
 class TestSecurity:
     async def test_nkey(self, tmp_path: Path) -> None:
         """An NKey seed file authenticates (the server knows only the public key); another
@@ -357,3 +340,6 @@ class TestSecurity:
                 assert "tls://127.0.0.1" in await t.check()
             finally:
                 await t.close()
+            untrusted = NatsTransport(NatsConfig(servers=(f"tls://127.0.0.1:{server.port}",), connect_timeout=1))
+            with pytest.raises(PermanentError, match=r"certificate was refused .*set tls_ca_file"):
+                await untrusted.open()

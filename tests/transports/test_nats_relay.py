@@ -12,7 +12,7 @@ from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._transport import NatsTransport
 from tests.peers._relay import assert_complete_and_ordered
 from tests.peers.nats import NatsServer, StreamFactory
-from tests.peers.rabbitmq import TcpProxy
+from tests.peers.proxy import TcpProxy
 
 
 async def test_relay_10k_events_50_streams(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import aio_pika
@@ -13,7 +14,8 @@ from outrelay import Delivered, Event, Message, PermanentError, Rejected, Retrya
 from outrelay.core import cloudevents
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, mask_url
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
-from tests.peers.rabbitmq import ExchangeFactory, TcpProxy
+from tests.peers.proxy import TcpProxy
+from tests.peers.rabbitmq import ExchangeFactory
 from tests.services import free_port
 
 
@@ -229,3 +231,32 @@ class TestCheck:
         t = RabbitMQTransport(RabbitMQConfig(url=f"amqp://127.0.0.1:{free_port()}/", connect_timeout=1))
         with pytest.raises(RetryableError, match="cannot connect"):
             await t.check()
+
+
+class TestTls:
+    async def test_tls_to_the_broker(
+        self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory, tls_cert: tuple[Path, Path]
+    ) -> None:
+        """amqps with tls_ca_file: the broker (behind a TLS-terminating proxy on 127.0.0.1) gets the
+        message; without that CA the certificate is refused, with one line that says so."""
+        ex = await rabbitmq_exchanges("tls")
+        parts = urlsplit(rabbitmq_url)
+        proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672, tls=tls_cert)
+        await proxy.start()
+        url = rabbitmq_url.replace(f"{parts.hostname}:{parts.port or 5672}", f"127.0.0.1:{proxy.port}")
+        try:
+            t = RabbitMQTransport(RabbitMQConfig(url=url, exchange=ex, tls_ca_file=str(tls_cert[0])))
+            await t.open()
+            try:
+                ev = Event(type="t", stream="s")
+                async with RabbitMQTransport(RabbitMQConfig(url=rabbitmq_url, exchange=ex)).reader(f"{ex}/#") as r:
+                    assert await t.send(_messages(t, [ev])) == [Delivered()]
+                    (got,) = await r.read(1, 5)
+                assert got.event.id == ev.id
+            finally:
+                await t.close()
+            untrusted = RabbitMQTransport(RabbitMQConfig(url=url, exchange=ex, tls=True, connect_timeout=2))
+            with pytest.raises(PermanentError, match=r"certificate was refused .*self-signed.*set tls_ca_file"):
+                await untrusted.open()
+        finally:
+            await proxy.stop()

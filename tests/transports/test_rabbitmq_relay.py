@@ -11,7 +11,8 @@ from urllib.parse import urlsplit
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.transports.rabbitmq._config import RabbitMQConfig
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
-from tests.peers.rabbitmq import ExchangeFactory, TcpProxy
+from tests.peers.proxy import TcpProxy
+from tests.peers.rabbitmq import ExchangeFactory
 
 
 async def test_relay_10k_events_50_streams(

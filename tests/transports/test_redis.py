@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis.asyncio as aioredis
@@ -15,6 +17,7 @@ from outrelay.core.transport import Delivered
 from outrelay.transports.redis._batch import HELD
 from outrelay.transports.redis._reader import decode
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport, encode
+from tests.peers.proxy import TcpProxy
 from tests.peers.redis import OwnRedis
 
 
@@ -369,3 +372,33 @@ class TestRedisConfig:
         """The password never appears in the config's repr."""
         cfg = RedisConfig(password="hunter2")  # type: ignore[arg-type]
         assert "hunter2" not in repr(cfg)
+
+
+class TestRedisTls:
+    async def test_tls_to_the_server(self, redis_url: str, tls_cert: tuple[Path, Path]) -> None:
+        """rediss:// with ssl_ca_certs: the server (behind a TLS-terminating proxy on 127.0.0.1) gets the
+        entry; without that CA the certificate is refused, with one line that says so."""
+        parts = urlsplit(redis_url)
+        proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 6379, tls=tls_cert)
+        await proxy.start()
+        url = f"rediss://127.0.0.1:{proxy.port}{parts.path or '/0'}"
+        k = key()
+        try:
+            t = make(url, k, ssl_ca_certs=str(tls_cert[0]))
+            await t.open()
+            try:
+                ev = Event(type="t", stream="s")
+                assert await t.send([msg(t, ev)]) == [Delivered()]
+            finally:
+                await t.close()
+            client = aioredis.Redis.from_url(redis_url)
+            try:
+                entries = await client.xrange(k)
+            finally:
+                await client.aclose()
+            assert [decode(k, fields).event.id for _, fields in entries] == [ev.id]
+            untrusted = make(url, k)
+            with pytest.raises(PermanentError, match=r"certificate was refused .*set ssl_ca_certs"):
+                await untrusted.open()
+        finally:
+            await proxy.stop()

@@ -45,6 +45,7 @@ from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
 from outrelay.core.errors import PermanentError, UsageError
 from outrelay.core.templates import Template
+from outrelay.core.tls import certificate_refused, tls_hint
 from outrelay.core.transport import (
     Capabilities,
     Delivered,
@@ -89,6 +90,24 @@ def client_options(cfg: KafkaConfig) -> dict[str, Any]:
         opts["sasl_plain_username"] = cfg.sasl_username
         opts["sasl_plain_password"] = cfg.sasl_password.get_secret_value() if cfg.sasl_password else None
     return opts
+
+
+async def _certificate_refused(servers: Sequence[str], ctx: ssl.SSLContext | None, timeout: float) -> str | None:
+    """Why a bootstrap server's TLS certificate is refused, if it is (None: not TLS, or not that)."""
+    if ctx is None:
+        return None
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), ssl=ctx), timeout)
+        except (OSError, ValueError, TimeoutError) as exc:
+            reason = certificate_refused(exc)
+            if reason is not None:
+                return reason
+            continue
+        writer.close()
+        return None  # the handshake works: the failure was something else
+    return None
 
 
 def encode(event: Event, mode: str) -> tuple[bytes, list[tuple[str, bytes]]]:
@@ -137,9 +156,10 @@ class KafkaTransport(Transport):
         if self._state == "open":
             return
         cfg = self.cfg
+        options = client_options(cfg)
         with map_kafka_errors("connect to " + ",".join(cfg.servers), self.destination):
             producer = AIOKafkaProducer(
-                **client_options(cfg),
+                **options,
                 acks="all",
                 enable_idempotence=cfg.enable_idempotence,
                 linger_ms=cfg.linger_ms,
@@ -156,6 +176,12 @@ class KafkaTransport(Transport):
                     raise PermanentError(
                         f"kafka broker {','.join(cfg.servers)} refused an idempotent producer id ({describe(exc)}): "
                         "set enable_idempotence = false for brokers without idempotence support (e.g. tansu)",
+                        destination=self.destination,
+                    ) from exc
+                refused = await _certificate_refused(cfg.servers, options.get("ssl_context"), cfg.connect_timeout)
+                if refused is not None:  # aiokafka only logs it and reports "Unable to bootstrap"
+                    raise PermanentError(
+                        f"kafka connect to {','.join(cfg.servers)}: {tls_hint(refused, 'ssl_cafile')}",
                         destination=self.destination,
                     ) from exc
                 raise

@@ -53,8 +53,9 @@ from nats.js.client import JetStreamContext
 
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
-from outrelay.core.errors import PermanentError, TransportError, UsageError
+from outrelay.core.errors import PermanentError, RetryableError, TransportError, UsageError
 from outrelay.core.templates import Template
+from outrelay.core.tls import certificate_refused, tls_hint
 from outrelay.core.transport import (
     Capabilities,
     Delivered,
@@ -85,14 +86,18 @@ async def connect(cfg: NatsConfig, destination: str) -> Client:
     up, so connect with one attempt per server and widen it afterwards.
 
     :raises RetryableError: no server reachable within the bounded time.
-    :raises PermanentError: authorization failed.
+    :raises PermanentError: authorization failed, or the server's TLS certificate is not trusted.
     """
 
     auth_errors: list[Exception] = []  # the server's refusal is often followed by a connection reset
+    refused: list[str] = []  # a TLS certificate we do not trust (nats-py only reports it here)
 
     async def on_error(exc: Exception) -> None:
         if is_auth_error(exc):
             auth_errors[:] = [exc]
+        reason = certificate_refused(exc)
+        if reason is not None:
+            refused[:] = [reason]
         log.debug("destination %s: nats client error: %s", destination, classify(exc)[1])
 
     opts = cfg.connect_options()
@@ -109,10 +114,17 @@ async def connect(cfg: NatsConfig, destination: str) -> Client:
             nc = Client()
             holder.append(nc)
             await asyncio.wait_for(nc.connect(**opts, disconnected_cb=on_disconnect), timeout=bound)
-        except nats.errors.NoServersError as exc:
-            # the pool ran dry; say why when the server refused our credentials
+        except (nats.errors.NoServersError, TimeoutError) as exc:
+            # the pool ran dry (or the bound passed); say why when the server refused us or we refused it
             if auth_errors:
                 raise auth_errors[0] from exc
+            if refused:
+                hint = tls_hint(refused[0], "tls_ca_file")
+                raise PermanentError(f"cannot connect to {cfg.where}: {hint}", destination=destination) from exc
+            if isinstance(exc, TimeoutError):
+                raise RetryableError(
+                    f"cannot connect to {cfg.where}: no server answered within {bound:.0f}s", destination=destination
+                ) from exc
             raise
     nc.options["max_reconnect_attempts"] = -1  # read on every reconnect attempt
     return nc

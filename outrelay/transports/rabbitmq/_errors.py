@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import aiormq.exceptions
 
 from outrelay.core.errors import PermanentError, RetryableError
+from outrelay.core.tls import certificate_refused, tls_hint
 from outrelay.core.transport import Rejected, RetryLater, SendResult
 
 __all__ = ["VENDOR_ERRORS", "Unroutable", "classify", "mapped", "result_for", "scrub"]
@@ -65,6 +66,9 @@ def classify(exc: BaseException, secrets: Sequence[str] = (), target: str | None
     if isinstance(exc, aiormq.exceptions.ChannelInvalidStateError | aiormq.exceptions.AMQPChannelError):
         return True, f"the channel closed{to}: {scrub(_reply(exc), secrets)}"
     if isinstance(exc, ConnectionError | OSError | aiormq.exceptions.AMQPConnectionError):
+        refused = certificate_refused(exc)
+        if refused is not None:
+            return False, tls_hint(refused, "tls_ca_file")
         return True, f"cannot reach the broker ({type(exc).__name__}){to}"
     return True, f"unexpected {type(exc).__name__}{to}"
 

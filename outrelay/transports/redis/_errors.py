@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from redis import exceptions as rx
 
 from outrelay.core.errors import PermanentError, RetryableError, TransportError
+from outrelay.core.tls import certificate_refused, tls_hint
 from outrelay.core.transport import Rejected, RetryLater, SendResult
 
 __all__ = ["describe", "is_permanent", "map_redis_errors", "reply_result", "result_for"]
@@ -39,6 +40,9 @@ _HINTS = {
 
 def describe(exc: BaseException) -> str:
     """One line naming the error and, when known, how to fix it (no secrets)."""
+    refused = certificate_refused(exc)
+    if refused is not None:
+        return tls_hint(refused, "ssl_ca_certs")
     text = str(exc).split("\n", 1)[0][:200] or type(exc).__name__
     hint = next((h for p, h in _HINTS.items() if text.startswith(p) or p in text[:40]), None)
     if isinstance(exc, rx.NoPermissionError):  # redis-py strips the NOPERM prefix
@@ -47,6 +51,8 @@ def describe(exc: BaseException) -> str:
 
 
 def is_permanent(exc: BaseException) -> bool:
+    if certificate_refused(exc) is not None:
+        return True
     if isinstance(exc, rx.AuthenticationError | rx.AuthorizationError | rx.NoPermissionError | rx.DataError):
         return True
     if isinstance(exc, rx.ResponseError):
