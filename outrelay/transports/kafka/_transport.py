@@ -178,6 +178,14 @@ class KafkaTransport(Transport):
                         "set enable_idempotence = false for brokers without idempotence support (e.g. tansu)",
                         destination=self.destination,
                     ) from exc
+                if cfg.sasl_mechanism is not None and not isinstance(exc, ke.KafkaError | OSError | TimeoutError):
+                    # aiokafka's SCRAM client fails with a bare KeyError/ValueError when the server
+                    # refuses the credentials (its final message carries no verifier)
+                    raise PermanentError(
+                        f"kafka SASL {cfg.sasl_mechanism} authentication with {','.join(cfg.servers)} failed "
+                        f"({type(exc).__name__}): check sasl_username/sasl_password and sasl_mechanism",
+                        destination=self.destination,
+                    ) from exc
                 refused = await _certificate_refused(cfg.servers, options.get("ssl_context"), cfg.connect_timeout)
                 if refused is not None:  # aiokafka only logs it and reports "Unable to bootstrap"
                     raise PermanentError(
