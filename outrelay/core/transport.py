@@ -280,28 +280,31 @@ def hold_after_failures(
     learns their outcomes together. After a stream's first failure, its later
     failures are reported held (RetryLater). A later message the broker
     *stored* stays :class:`Delivered` — re-sending it would only duplicate
-    it — and the break in the stream's order is logged as a warning naming
-    both events and ``fix`` (how to get strict order). Returns ``results``,
-    changed in place.
+    it — and the possible break in the stream's order is logged as a warning
+    naming both events, the failure and ``fix`` (how to get strict order).
+    (After a timeout the earlier event may in fact have been stored first.)
+    Returns ``results``, changed in place.
     """
-    failed: dict[str, Message] = {}
+    failed: dict[str, tuple[Message, str]] = {}
     for i, (m, r) in enumerate(zip(batch, results, strict=True)):
         first = failed.get(m.key)
         if first is None:
-            if not isinstance(r, Delivered):
-                failed[m.key] = m
+            if isinstance(r, RetryLater):
+                failed[m.key] = (m, r.error)
+            elif isinstance(r, Rejected):
+                failed[m.key] = (m, r.reason)
         elif not isinstance(r, Delivered):
             if not (isinstance(r, RetryLater) and r.error.startswith("not sent")):
                 results[i] = RetryLater(f"held back: an earlier event of stream {m.key!r} failed")
         elif not r.duplicate:
             log.warning(
-                "destination %s: stream %r out of order: event %s was stored while the earlier event %s "
-                "failed and will be retried (the broker refused one message and took the next; %s "
-                "for strict order)",
+                "destination %s: stream %r may be out of order: event %s was stored while the earlier event %s "
+                "failed (%s) and will be retried; %s for strict order",
                 destination,
                 m.key,
                 m.event.id,
-                first.event.id,
+                first[0].event.id,
+                first[1],
                 fix,
             )
     return results
