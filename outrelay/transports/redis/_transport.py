@@ -17,6 +17,15 @@ event_id`` makes a re-sent event a no-op and ``native_dedupe`` is declared;
 on older servers there is no native dedupe. Capabilities are therefore only
 final after :meth:`open`.
 
+Redis Cluster: this transport uses redis-py's standalone client, i.e. one
+node. Per-stream order needs a stream's entries on one key (the template
+renders one key per stream, or one key for all), and the script path needs
+every key of one call in one hash slot (else CROSSSLOT). On a cluster, pin
+the keys to one slot with a hash tag — ``stream = "events:{{outrelay}}:{stream}"``
+renders ``events:{outrelay}:order-42`` (``{{``/``}}`` are literal braces in
+templates, ``{outrelay}`` is the tag) — and point ``url`` at the node that
+owns that slot; a ``MOVED`` reply (slot moved by resharding) is retried.
+
 :raises RetryableError: from ``open`` when the server is unreachable within
     ``connect_timeout``; PermanentError when authentication fails.
 """
