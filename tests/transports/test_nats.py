@@ -305,6 +305,23 @@ class TestSecurity:
                 await bad.open()
             assert bad_seed.decode() not in str(info.value)
 
+    async def test_token(self, tmp_path: Path) -> None:
+        """A token authenticates; a wrong one is a PermanentError that never shows the token."""
+        with private_nats_server(tmp_path, ["--auth", "s3cret-token"]) as server:
+            spec = {"name": "TOK", "subjects": ["tok.>"], "storage": "memory"}
+            good = NatsTransport(
+                NatsConfig(servers=(server.url,), token="s3cret-token", subject="tok.x", create_stream=spec)
+            )
+            await good.open()
+            try:
+                assert await good.send(_messages(good, [Event(type="t", stream="s")])) == [Delivered()]
+            finally:
+                await good.close()
+            bad = NatsTransport(NatsConfig(servers=(server.url,), token="wrong-token", connect_timeout=1))
+            with pytest.raises(PermanentError, match="authorization") as info:
+                await bad.open()
+            assert "wrong-token" not in str(info.value)
+
     async def test_user_password(self, tmp_path: Path) -> None:
         """user/password authenticate; a wrong password is a PermanentError that never shows the password."""
         with private_nats_server(tmp_path, ["--user", "relay", "--pass", "s3cret-pw"]) as server:
