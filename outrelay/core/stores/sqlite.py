@@ -260,6 +260,7 @@ class SQLiteStore(SQLiteOperatorMixin, Store):
     def claim(
         self, destination: str, *, limit: int, per_lane: int, owner: str, lease_seconds: float, now: float
     ) -> list[Claimed]:
+        decode, loads = Event.from_attributes, orjson.loads
         with self._tx(relaxed=True) as db:
             streams = [
                 r[0]
@@ -285,8 +286,10 @@ class SQLiteStore(SQLiteOperatorMixin, Store):
                     db.execute("DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ?", (destination, stream))
                     continue
                 leased.append(stream)
-                for d_id, attempts, first, seq, attrs, data in rows:
-                    out.append(Claimed(d_id, self._event(seq, attrs, data), attempts, first))
+                out += [
+                    Claimed(d_id, decode(loads(attrs), data, seq), attempts, first)
+                    for d_id, attempts, first, seq, attrs, data in rows
+                ]
             db.executemany(
                 "UPDATE outrelay_lanes SET owner = ?, due_at = ? WHERE destination = ? AND stream = ?",
                 [(owner, now + lease_seconds, destination, s) for s in leased],
