@@ -24,6 +24,7 @@ import tempfile
 import time
 import uuid
 
+from _ratio import ratio, raw_line
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -133,13 +134,14 @@ async def main() -> None:
         topic = await create_topic(bootstrap, args.partitions)
         dest = {"transport": "kafka", "bootstrap_servers": bootstrap, "topic": topic, "enable_idempotence": idempotence}
         t_relay = await relay(dest, events, args.batch_size, args.in_flight)
+        t_raw2 = await raw(bootstrap, await create_topic(bootstrap, args.partitions), events, idempotence, args.window)
         print(
             f"kafka @ {bootstrap} ({'tansu' if proc else 'external'}), {n} events x {args.size} B, "
             f"{args.streams} streams, {args.partitions} partitions"
         )
-        print(f"  raw aiokafka send() pipelined : {n / t_raw:10.0f} ev/s ({t_raw:.2f} s)")
+        print(f"  raw aiokafka send() pipelined : {raw_line(n, t_raw, t_raw2)}")
         print(f"  outrelay relay -> kafka       : {n / t_relay:10.0f} ev/s ({t_relay:.2f} s)")
-        print(f"  ratio relay/raw               : {t_raw / t_relay:10.2f}")
+        print(f"  ratio relay/raw               : {ratio(n, t_relay, t_raw, t_raw2):10.2f}")
         if not args.no_ceiling:
             t_mem = await relay({"transport": "memory"}, events, args.batch_size, args.in_flight)
             print(f"  engine ceiling (relay->memory): {n / t_mem:10.0f} ev/s ({t_mem:.2f} s)")

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 import nats
 import nats.js.api
+from _ratio import ratio, raw_line
 
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.core import cloudevents
@@ -141,17 +142,20 @@ async def main() -> None:
             "pipeline": not args.strict,
         }
         t_relay = await relay(dest, events, args.batch_size, args.in_flight, args.per_stream)
+        await delete_stream(url, name)
+        name, subject = await create_stream(url)
+        t_raw2 = await raw(url, subject, events, args.window, args.encode_in_raw)
     finally:
         await delete_stream(url, name)
     print(f"nats jetstream @ {url}, {n} events x {args.size} B, {args.streams} streams, file storage")
     what = "incl. encoding" if args.encode_in_raw else "pre-encoded"
-    print(f"  raw nats-py publish_async pipelined : {n / t_raw:10.0f} ev/s ({t_raw:.2f} s, {what})")
+    print(f"  raw nats-py publish_async pipelined : {raw_line(n, t_raw, t_raw2)}, {what}")
     print(f"  outrelay relay -> nats              : {n / t_relay:10.0f} ev/s ({t_relay:.2f} s)")
     print(
         f"  relay settings: pipeline={not args.strict} batch_size={args.batch_size} "
         f"per_stream={args.per_stream} max_in_flight={args.in_flight}"
     )
-    print(f"  ratio relay/raw                     : {t_raw / t_relay:10.2f}")
+    print(f"  ratio relay/raw                     : {ratio(n, t_relay, t_raw, t_raw2):10.2f}")
     if not args.no_ceiling:
         t_mem = await relay({"transport": "memory"}, events, args.batch_size, args.in_flight, args.per_stream)
         print(f"  engine ceiling (relay->memory)      : {n / t_mem:10.0f} ev/s ({t_mem:.2f} s)")

@@ -31,6 +31,7 @@ from outrelay import Event
 from outrelay.core import cloudevents
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _ratio import ratio, raw_line
 from bench_nats import relay
 
 
@@ -117,17 +118,18 @@ async def main() -> None:
             "pipeline": not args.strict,
         }
         t_relay = await relay(dest, events, args.batch_size, args.in_flight, args.per_stream)
+        t_raw2 = await raw(url, exchange, events, args.window, args.encode_in_raw)
     finally:
         await delete(url, exchange, queue)
     print(f"rabbitmq @ {url.split('@')[-1]}, {n} events x {args.size} B, {args.streams} streams, confirms, persistent")
     what = "incl. encoding" if args.encode_in_raw else "pre-encoded"
-    print(f"  raw aio-pika publish pipelined (confirms): {n / t_raw:10.0f} ev/s ({t_raw:.2f} s, {what})")
+    print(f"  raw aio-pika publish pipelined (confirms): {raw_line(n, t_raw, t_raw2)}, {what}")
     print(f"  outrelay relay -> rabbitmq               : {n / t_relay:10.0f} ev/s ({t_relay:.2f} s)")
     print(
         f"  relay settings: pipeline={not args.strict} batch_size={args.batch_size} "
         f"per_stream={args.per_stream} max_in_flight={args.in_flight}"
     )
-    print(f"  ratio relay/raw                          : {t_raw / t_relay:10.2f}")
+    print(f"  ratio relay/raw                          : {ratio(n, t_relay, t_raw, t_raw2):10.2f}")
     if not args.no_ceiling:
         t_mem = await relay({"transport": "memory"}, events, args.batch_size, args.in_flight, args.per_stream)
         print(f"  engine ceiling (relay->memory)           : {n / t_mem:10.0f} ev/s ({t_mem:.2f} s)")

@@ -22,6 +22,7 @@ import time
 import uuid
 
 import redis.asyncio as aioredis
+from _ratio import ratio, raw_line
 
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.transports.redis._transport import encode
@@ -94,10 +95,11 @@ async def main() -> None:
         client = aioredis.Redis.from_url(url)
         await client.delete(key)
         await client.aclose()
+    t_raw2 = await raw(url, f"outrelay-bench:{uuid.uuid4().hex[:8]}", events, args.window)
     print(f"redis @ {url}, {n} events x {args.size} B, {args.streams} streams, one Redis stream key")
-    print(f"  raw redis-py pipeline XADD    : {n / t_raw:10.0f} ev/s ({t_raw:.2f} s)")
+    print(f"  raw redis-py pipeline XADD    : {raw_line(n, t_raw, t_raw2)}")
     print(f"  outrelay relay -> redis       : {n / t_relay:10.0f} ev/s ({t_relay:.2f} s)")
-    print(f"  ratio relay/raw               : {t_raw / t_relay:10.2f}")
+    print(f"  ratio relay/raw               : {ratio(n, t_relay, t_raw, t_raw2):10.2f}")
     if not args.no_ceiling:
         t_mem = await relay({"transport": "memory"}, events, args.batch_size, args.in_flight)
         print(f"  engine ceiling (relay->memory): {n / t_mem:10.0f} ev/s ({t_mem:.2f} s)")
