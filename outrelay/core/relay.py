@@ -157,12 +157,16 @@ class Relay:
             raise UsageError("this Relay is already running")
         self._running = True
         started = time.monotonic()
+        self._loop = asyncio.get_running_loop()
+        self._route_wake = asyncio.Event()
+        try:
+            await self.db(self.store.acquire_relay, self.owner)
+        except BaseException:
+            self._running = False  # e.g. StoreLockedError: this Relay may try again later
+            raise
         gc_before = gc.get_threshold()
         if self.config.relay.gc_threshold is not None:
             gc.set_threshold(self.config.relay.gc_threshold, *gc_before[1:])
-        self._loop = asyncio.get_running_loop()
-        self._route_wake = asyncio.Event()
-        await self.db(self.store.acquire_relay, self.owner)
         unsubscribe = self.outbox.add_listener(self.wake)
         unlisten = self.store.listen(self._on_store_notice)  # other processes' appends (PostgreSQL NOTIFY)
         self.workers = {

@@ -258,10 +258,16 @@ class TestLifecycle:
         relay = Relay(Outbox.open(cfg.outbox.url), cfg)
         task = asyncio.create_task(relay.run())
         await asyncio.sleep(0.1)
+        gc_before = gc.get_threshold()
+        second = Relay(Outbox.open(cfg.outbox.url), cfg)
         with pytest.raises(StoreLockedError, match="SQLite serves one relay"):
-            await Relay(Outbox.open(cfg.outbox.url), cfg).run(drain=True)
+            await second.run(drain=True)
+        assert gc.get_threshold() == gc_before  # the refused run changed nothing
         relay.stop()
         await task
+        second.outbox.append(events(5, 1))
+        summary = await second.run(drain=True)  # once the first has stopped, the same object may run
+        assert summary.counts["mem"]["delivered"] == 5
 
     async def test_run_twice_is_misuse(self, tmp_path: Path) -> None:
         """Running one Relay object twice at once raises UsageError."""
