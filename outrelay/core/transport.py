@@ -28,8 +28,9 @@ Guarantees a transport gives the relay:
   key's messages on one connection that the broker processes in order (a
   lost connection then loses a tail, never a hole): it must not publish
   after a local failure of the key, and reports outcomes that arrived
-  together through :func:`hold_after_failures` — the only order break left
-  is a broker refusing one message and accepting the next, which is logged.
+  together through :func:`hold_after_failures` (:func:`send_pipelined` does
+  both) — the only order break left is a broker refusing one message and
+  accepting the next, which is logged.
 * ``open`` may fail with RetryableError (broker down): the relay retries it.
   ``close`` is idempotent. ``send`` after ``close`` raises
   :class:`~outrelay.UsageError`.
@@ -66,6 +67,7 @@ __all__ = [
     "TransportConfig",
     "hold_after_failures",
     "send_in_key_order",
+    "send_pipelined",
 ]
 
 
@@ -269,6 +271,52 @@ async def send_in_key_order(
 
     await asyncio.gather(*(lane(ix) for ix in lanes.values()))
     return [r if r is not None else RetryLater("not sent") for r in results]
+
+
+async def send_pipelined(
+    batch: Sequence[Message],
+    start: Callable[[Message], Awaitable[asyncio.Future[Any] | SendResult]],
+    outcome: Callable[[Message, asyncio.Future[Any]], SendResult],
+    *,
+    timeout: float | None,
+    destination: str,
+    log: logging.Logger,
+    fix: str,
+) -> list[SendResult]:
+    """Send ``batch`` pipelined on one ordered connection, keeping ``ordered_batches`` honest.
+
+    ``start(m)`` writes ``m`` and returns a future of its broker outcome, or
+    a result when it could not be written (then the later messages of its key
+    are not started: RetryLater). Messages are started in batch order, one
+    after another, and never concurrently. Once all are started, their
+    futures are awaited together — at most ``timeout`` seconds, after which
+    the rest are cancelled — and ``outcome(m, future)`` maps each done or
+    cancelled future to a result. :func:`hold_after_failures` then applies
+    to the outcomes.
+    """
+    results: list[SendResult | None] = [None] * len(batch)
+    started: dict[int, asyncio.Future[Any]] = {}
+    halted: set[str] = set()
+    for i, m in enumerate(batch):
+        if m.key in halted:
+            results[i] = RetryLater(f"not sent: an earlier event of stream {m.key!r} failed")
+            continue
+        begun = await start(m)
+        if not isinstance(begun, asyncio.Future):  # a result: it was not written
+            results[i] = begun
+            halted.add(m.key)
+            continue
+        started[i] = begun
+    if started:
+        _, late = await asyncio.wait(started.values(), timeout=timeout)
+        for pending in late:
+            pending.cancel()
+        if late:  # let cancelled tasks finish unwinding before their outcome is read
+            await asyncio.wait(late)
+    for i, done in started.items():
+        results[i] = outcome(batch[i], done)
+    out = [r if r is not None else RetryLater("no outcome recorded") for r in results]
+    return hold_after_failures(batch, out, destination=destination, log=log, fix=fix)
 
 
 def hold_after_failures(

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from outrelay import Delivered, Event, Message, Rejected, RetryLater
-from outrelay.core.transport import SendResult, hold_after_failures, send_in_key_order
+from outrelay.core.transport import SendResult, hold_after_failures, send_in_key_order, send_pipelined
 
 log = logging.getLogger("tests.transport_helpers")
 
@@ -58,3 +58,32 @@ def test_hold_after_failures_ignores_duplicates(caplog: pytest.LogCaptureFixture
     batch = _batch("a", "a")
     out = hold_after_failures(batch, [RetryLater("x"), Delivered(duplicate=True)], destination="d", log=log, fix="f")
     assert out[1] == Delivered(duplicate=True) and not caplog.records
+
+
+async def test_send_pipelined_starts_in_order_and_stops_a_key_after_a_local_failure() -> None:
+    """Messages are started one after another in batch order; one that cannot be written stops
+    its key's later messages (never started, RetryLater); outcomes are awaited together and a
+    future still pending after the timeout is cancelled and mapped by ``outcome``."""
+    batch = _batch("a", "a", "a", "b", "b")
+    loop = asyncio.get_running_loop()
+    started: list[str] = []
+    futures: dict[str, asyncio.Future[str]] = {}
+
+    async def start(m: Message) -> asyncio.Future[str] | SendResult:
+        started.append(m.event.id)
+        if m is batch[1]:
+            return Rejected("too big")
+        futures[m.event.id] = f = loop.create_future()
+        if m is not batch[4]:  # the last one never gets an answer
+            loop.call_soon(f.set_result, "ok")
+        return f
+
+    def outcome(m: Message, f: asyncio.Future[str]) -> SendResult:
+        return RetryLater("no answer") if f.cancelled() else Delivered()
+
+    results = await send_pipelined(batch, start, outcome, timeout=0.2, destination="d", log=log, fix="f")
+    assert started == [batch[i].event.id for i in (0, 1, 3, 4)]
+    assert results[0] == Delivered() and isinstance(results[1], Rejected)
+    assert isinstance(results[2], RetryLater) and "not sent" in results[2].error
+    assert results[3] == Delivered() and results[4] == RetryLater("no answer")
+    assert futures[batch[4].event.id].cancelled()

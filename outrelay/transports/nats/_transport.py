@@ -62,11 +62,10 @@ from outrelay.core.transport import (
     Message,
     Reader,
     Rejected,
-    RetryLater,
     SendResult,
     Transport,
-    hold_after_failures,
     send_in_key_order,
+    send_pipelined,
 )
 from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._config import NatsConfig, StreamSpec, mask_url
@@ -128,6 +127,15 @@ async def connect(cfg: NatsConfig, destination: str) -> Client:
             raise
     nc.options["max_reconnect_attempts"] = -1  # read on every reconnect attempt
     return nc
+
+
+def _ack_outcome(m: Message, ack: asyncio.Future[dict[str, Any]]) -> SendResult:
+    if ack.cancelled():  # no ack within ack_timeout
+        return result_for(TimeoutError(), m.target)
+    error = ack.exception()
+    if error is not None:
+        return result_for(error, m.target)
+    return Delivered(duplicate=bool(ack.result().get("duplicate")))
 
 
 def drop_unsent(nc: Client) -> int:
@@ -271,36 +279,25 @@ class NatsTransport(Transport):
 
     async def _send_pipelined(self, acks: AckMux, batch: Sequence[Message]) -> list[SendResult]:
         """Publish in batch order without waiting, then collect every ack (see the module docstring)."""
-        results: list[SendResult | None] = [None] * len(batch)
-        futures: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        halted: set[str] = set()
-        for i, m in enumerate(batch):
-            if m.key in halted:
-                results[i] = RetryLater(f"not sent: an earlier event of stream {m.key!r} failed")
-                continue
+
+        async def start(m: Message) -> asyncio.Future[dict[str, Any]] | SendResult:
             prepared = self._prepare(m)
             if not isinstance(prepared, dict):
-                results[i] = prepared
-                halted.add(m.key)
-                continue
+                return prepared
             try:
-                futures[i] = await acks.publish(m.target, m.event.data, prepared)
+                return await acks.publish(m.target, m.event.data, prepared)
             except (nats.errors.Error, OSError) as exc:
-                results[i] = result_for(exc, m.target)
-                halted.add(m.key)
-        if futures:
-            _, late = await asyncio.wait(futures.values(), timeout=self.cfg.ack_timeout)
-            for f in late:
-                f.cancel()
-        for i, f in futures.items():
-            if f.cancelled():
-                results[i] = result_for(TimeoutError(), batch[i].target)
-            elif (error := f.exception()) is not None:
-                results[i] = result_for(error, batch[i].target)
-            else:
-                results[i] = Delivered(duplicate=bool(f.result().get("duplicate")))
-        out = [r if r is not None else RetryLater("no outcome recorded") for r in results]
-        return hold_after_failures(batch, out, destination=self.destination, log=log, fix="set pipeline = false")
+                return result_for(exc, m.target)
+
+        return await send_pipelined(
+            batch,
+            start,
+            _ack_outcome,
+            timeout=self.cfg.ack_timeout,
+            destination=self.destination,
+            log=log,
+            fix="set pipeline = false",
+        )
 
     def _prepare(self, m: Message) -> dict[str, str] | SendResult:
         """The headers of ``m``, or its result when it cannot be published at all."""

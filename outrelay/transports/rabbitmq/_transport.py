@@ -58,8 +58,8 @@ from outrelay.core.transport import (
     RetryLater,
     SendResult,
     Transport,
-    hold_after_failures,
     send_in_key_order,
+    send_pipelined,
 )
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, bad_names, split_target
 from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, classify, mapped, result_for
@@ -185,36 +185,33 @@ class RabbitMQTransport(Transport):
     ) -> list[SendResult]:
         """Start every publish in batch order (aiormq writes a channel's frames in the order its
         publishes start), then wait for all confirms (see the module docstring)."""
-        results: list[SendResult | None] = [None] * len(batch)
-        publishes: dict[int, asyncio.Task[Any]] = {}
-        halted: set[str] = set()
-        for i, m in enumerate(batch):
-            if m.key in halted:
-                results[i] = RetryLater(f"not sent: an earlier event of stream {m.key!r} failed")
-                continue
+
+        async def start(m: Message) -> asyncio.Task[None] | SendResult:
             prepared = self._prepare(m)
             if isinstance(prepared, Rejected):
-                results[i] = prepared
-                halted.add(m.key)
-                continue
+                return prepared
             properties, name, routing_key = prepared
             try:
                 await self._exchange(channel, name)  # exists (checked once per channel)
                 wire = await channel.get_underlay_channel()
             except VENDOR_ERRORS as exc:
-                results[i] = result_for(exc, self._secrets, m.target)
-                halted.add(m.key)
-                continue
-            publishes[i] = asyncio.create_task(self._basic_publish(wire, m, properties, name, routing_key))
-        if publishes:
-            await asyncio.wait(publishes.values())
-        for i, task in publishes.items():
-            if task.cancelled():  # aiormq cancels what a closing channel leaves unconfirmed
-                results[i] = RetryLater(f"channel to {self.cfg.where} closed before the confirm")
-            else:
-                results[i] = self._outcome(batch[i], task.exception())
-        out = [r if r is not None else RetryLater("no outcome recorded") for r in results]
-        return hold_after_failures(batch, out, destination=self.destination, log=log, fix="set pipeline = false")
+                return result_for(exc, self._secrets, m.target)
+            return asyncio.create_task(self._basic_publish(wire, m, properties, name, routing_key))
+
+        return await send_pipelined(
+            batch,
+            start,
+            self._confirm_outcome,
+            timeout=None,  # each publish waits confirm_timeout itself
+            destination=self.destination,
+            log=log,
+            fix="set pipeline = false",
+        )
+
+    def _confirm_outcome(self, m: Message, publish: asyncio.Future[Any]) -> SendResult:
+        if publish.cancelled():  # aiormq cancels what a closing channel leaves unconfirmed
+            return RetryLater(f"channel to {self.cfg.where} closed before the confirm")
+        return self._outcome(m, publish.exception())
 
     def _prepare(self, m: Message) -> tuple[spec.Basic.Properties, str, str] | Rejected:
         """The AMQP properties, exchange and routing key of ``m``, or why it cannot be published.
