@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from outrelay import Event, Outbox, Relay, RunSummary, parse_config
 from outrelay.core.transport import Reader, Received
 
-__all__ = ["RoundTrip", "relay_round_trip"]
+__all__ = ["RoundTrip", "drain_with_cuts", "relay_round_trip"]
 
 
 @dataclasses.dataclass
@@ -104,3 +106,21 @@ def assert_complete_and_ordered(
         lane.append(g.event.id)
     for stream, order in want.items():
         assert seen[stream] == order, f"stream {stream} out of order"
+
+
+async def drain_with_cuts(
+    relay: Relay, destination: str, cut: Callable[[], None], *, every: int, cuts: int = 3
+) -> tuple[RunSummary, int]:
+    """Run ``relay`` to drain, calling ``cut()`` (a network fault) each time ``every`` more events
+    of ``destination`` were delivered, ``cuts`` times at most; returns the summary and the cuts made."""
+    task = asyncio.create_task(relay.run(drain=True))
+    made = 0
+    deadline = time.monotonic() + 60
+    while not task.done() and made < cuts:
+        assert time.monotonic() < deadline, "relay made no progress"
+        worker = relay.workers.get(destination)
+        if worker is not None and worker.counts["delivered"] > (made + 1) * every:
+            cut()
+            made += 1
+        await asyncio.sleep(0.002)
+    return await asyncio.wait_for(task, 90), made

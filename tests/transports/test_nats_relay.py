@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._transport import NatsTransport
-from tests.peers._relay import assert_complete_and_ordered
+from tests.peers._relay import assert_complete_and_ordered, drain_with_cuts
 from tests.peers.nats import NatsServer, StreamFactory
 from tests.peers.proxy import TcpProxy
 
@@ -142,18 +142,7 @@ async def test_pipelined_order_survives_connection_cuts(
         }
     )
     try:
-        relay = Relay(outbox, cfg)
-        task = asyncio.create_task(relay.run(drain=True))
-        cuts = 0
-        deadline = time.monotonic() + 60
-        while not task.done() and cuts < 3:
-            assert time.monotonic() < deadline, "relay made no progress"
-            worker = relay.workers.get("n")
-            if worker is not None and worker.counts["delivered"] > (cuts + 1) * 1_200:
-                proxy.cut()
-                cuts += 1
-            await asyncio.sleep(0.002)
-        summary = await asyncio.wait_for(task, 90)
+        summary, cuts = await drain_with_cuts(Relay(outbox, cfg), "n", proxy.cut, every=1_200)
     finally:
         outbox.close()
         await proxy.stop()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -11,6 +10,7 @@ from urllib.parse import urlsplit
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.transports.rabbitmq._config import RabbitMQConfig
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
+from tests.peers._relay import drain_with_cuts
 from tests.peers.proxy import TcpProxy
 from tests.peers.rabbitmq import ExchangeFactory
 
@@ -95,18 +95,7 @@ async def test_pipelined_order_survives_connection_cuts(
     reader_t = RabbitMQTransport(RabbitMQConfig(url=rabbitmq_url, exchange=exchange))
     try:
         async with reader_t.reader(f"{exchange}/s.*") as reader:
-            relay = Relay(outbox, cfg)
-            task = asyncio.create_task(relay.run(drain=True))
-            cuts = 0
-            deadline = time.monotonic() + 60
-            while not task.done() and cuts < 3:
-                assert time.monotonic() < deadline, "relay made no progress"
-                worker = relay.workers.get("r")
-                if worker is not None and worker.counts["delivered"] > (cuts + 1) * 800:
-                    proxy.cut()
-                    cuts += 1
-                await asyncio.sleep(0.002)
-            summary = await asyncio.wait_for(task, 90)
+            summary, cuts = await drain_with_cuts(Relay(outbox, cfg), "r", proxy.cut, every=800)
             got = await reader.read(len(events), 20)
             got += await reader.read(len(events), 0.5)  # re-sent tails, if any
     finally:
