@@ -82,6 +82,26 @@ class DestinationStatus:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_counts(
+        cls,
+        destination: str,
+        pending: int,
+        in_retry: int,
+        oldest_created_at: float | None,
+        dead_lettered: int,
+        parked_streams: int,
+        totals: Sequence[Any] | None,
+        now: float,
+    ) -> DestinationStatus:
+        """Assemble a status from a store's counts; ``totals`` is the destination's
+        ``(delivered, last_error, last_error_at, disabled)`` row, None if it has none yet."""
+        delivered, err, err_at, disabled = totals if totals else (0, None, None, None)
+        age = None if oldest_created_at is None else max(0.0, now - oldest_created_at)
+        return cls(
+            destination, pending, in_retry, dead_lettered, parked_streams, delivered, age, err, err_at, disabled
+        )
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeadLetter:

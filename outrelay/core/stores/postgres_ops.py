@@ -62,21 +62,7 @@ class OperatorMixin:
                     (dest,),
                 )
                 row = cur.fetchone()
-                delivered, err, err_at, disabled = row if row else (0, None, None, None)
-                out.append(
-                    DestinationStatus(
-                        dest,
-                        pending,
-                        in_retry,
-                        dead,
-                        parked,
-                        delivered,
-                        None if oldest is None else max(0.0, now - oldest),
-                        err,
-                        err_at,
-                        disabled,
-                    )
-                )
+                out.append(DestinationStatus.from_counts(dest, pending, in_retry, oldest, dead, parked, row, now))
             return out
 
         return self._run(fn)

@@ -50,21 +50,8 @@ class SQLiteOperatorMixin:
                 "WHERE destination = ?",
                 (dest,),
             )
-            delivered, err, err_at, disabled = row[0] if row else (0, None, None, None)
-            out.append(
-                DestinationStatus(
-                    dest,
-                    pending,
-                    in_retry,
-                    dead,
-                    parked,
-                    delivered,
-                    None if oldest is None else max(0.0, now - oldest),
-                    err,
-                    err_at,
-                    disabled,
-                )
-            )
+            totals = row[0] if row else None
+            out.append(DestinationStatus.from_counts(dest, pending, in_retry, oldest, dead, parked, totals, now))
         return out
 
     def record_error(self, destination: str, error: str | None, now: float) -> None:
