@@ -80,22 +80,20 @@ class SQLiteStore(SQLiteOperatorMixin, Store):
             db = self._db
             try:
                 if relaxed:
-                    db.execute("PRAGMA synchronous=NORMAL")
+                    db.execute("PRAGMA synchronous=NORMAL")  # outside the transaction: SQLite ignores it inside
                 try:
                     db.execute(f"BEGIN {mode}")
                     yield db
                     db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
                 finally:
                     if relaxed:
-                        if db.in_transaction:
-                            db.execute("ROLLBACK")
                         db.execute(f"PRAGMA synchronous={self._synchronous}")
-            except BaseException as exc:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
-                raise
+            except sqlite3.Error as exc:
+                raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
 
     def _q(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
