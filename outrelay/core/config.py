@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from outrelay.core.errors import ConfigError
 
 __all__ = [
+    "BusConfig",
     "DestinationConfig",
     "OutboxConfig",
     "OutrelayConfig",
@@ -143,9 +144,25 @@ class RelayConfig(_Frozen):
     )
 
 
+class BusConfig(_Frozen):
+    """The ``[bus]`` table: where subscribers consume (see :mod:`outrelay.core.bus`).
+
+    ``destination`` names a configured destination whose transport offers
+    subscriptions; ``$OUTRELAY_BUS`` overrides it; with neither, the
+    in-process bus. ``dead_letters`` is the database of consumer dead letters
+    (default: the outbox's). ``claim_timeout``: seconds after which a dead
+    group member's unacknowledged events move to a live one.
+    """
+
+    destination: str | None = None
+    dead_letters: str | None = None
+    claim_timeout: float = Field(30.0, ge=0.5, le=3600)
+
+
 class OutrelayConfig(_Frozen):
     outbox: OutboxConfig = OutboxConfig()
     relay: RelayConfig = RelayConfig()
+    bus: BusConfig = BusConfig()
     destinations: dict[str, DestinationConfig] = Field(default_factory=dict)
     routes: tuple[RouteConfig, ...] = ()
     source: str | None = Field(None, description="default event source for `outrelay emit`")
@@ -160,6 +177,10 @@ class OutrelayConfig(_Frozen):
                 if dest not in self.destinations:
                     known = ", ".join(sorted(self.destinations)) or "none"
                     raise ValueError(f"routes[{i}] names destination {dest!r}, which is not defined (defined: {known})")
+        bus = self.bus.destination
+        if bus is not None and bus != "memory" and bus not in self.destinations:
+            known = ", ".join(sorted(self.destinations)) or "none"
+            raise ValueError(f"bus.destination names {bus!r}, which is not defined (defined: {known}, or memory)")
         return self
 
 

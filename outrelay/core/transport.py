@@ -39,6 +39,9 @@ Guarantees a transport gives the relay:
 
 ``reader()`` returns a :class:`Reader` (consumer side) when the transport
 provides one (``capabilities.reader``); the conformance suite uses it.
+``subscription()`` returns a subscription backend (consumer groups and
+fan-out) when ``capabilities.subscriptions`` is set; the subscriber runtime
+uses it (contract: :mod:`outrelay.core.subscription`).
 """
 
 from __future__ import annotations
@@ -48,11 +51,14 @@ import dataclasses
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from outrelay.core.envelope import Event
+
+if TYPE_CHECKING:
+    from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 
 __all__ = [
     "Capabilities",
@@ -100,6 +106,9 @@ class Capabilities:
     max_header_bytes: int | None = None
     cloudevents_modes: tuple[str, ...] = ("structured",)
     reader: bool = False
+    #: the transport offers subscriptions (consumer groups and fan-out) through
+    #: :meth:`Transport.subscription` (see :mod:`outrelay.core.subscription`)
+    subscriptions: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -240,6 +249,14 @@ class Transport(ABC):
     def reader(self, target: str, **options: Any) -> Reader:
         """A :class:`Reader` for ``target``. :raises NotImplementedError: if none."""
         raise NotImplementedError(f"transport {self.name!r} provides no reader")
+
+    def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
+        """A :class:`~outrelay.core.subscription.SubscriptionBackend` consuming
+        ``spec.target`` (``capabilities.subscriptions``).
+
+        :raises NotImplementedError: the transport offers no subscriptions.
+        """
+        raise NotImplementedError(f"transport {self.name!r} offers no subscriptions")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} destination={self.destination!r}>"

@@ -20,6 +20,7 @@ from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
 from outrelay.core.errors import UsageError
 from outrelay.core.hookspecs import hookimpl
+from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 from outrelay.core.templates import Template
 from outrelay.core.transport import (
     Capabilities,
@@ -33,9 +34,13 @@ from outrelay.core.transport import (
     Transport,
     TransportConfig,
 )
+from outrelay.transports._memory_bus import MemoryGroup, MemorySubscription
 
 if TYPE_CHECKING:
     from outrelay.core.registry import Registry
+
+#: the event carried by a foreign message's Received (never handed to a handler)
+_FOREIGN = Event(type="outrelay.foreign", stream="-", source="memory")
 
 __all__ = ["MemoryBroker", "MemoryConfig", "MemoryTransport"]
 
@@ -60,6 +65,22 @@ class MemoryBroker:
     down: bool = False
     sends: int = 0
     waiters: list[asyncio.Event] = dataclasses.field(default_factory=list)
+    #: every stored message in send order (subscriptions read it), foreign ones by log index
+    log: list[Received] = dataclasses.field(default_factory=list)
+    foreign: dict[int, str] = dataclasses.field(default_factory=dict)
+    groups: dict[tuple[str, str], MemoryGroup] = dataclasses.field(default_factory=dict)
+
+    def wake(self) -> None:
+        for w in self.waiters:
+            w.set()
+
+    def put_foreign(self, target: str, body: bytes, *, key: str = "", reason: str = "no ce-* attributes") -> None:
+        """Store a message that is not an outrelay CloudEvent (for dead-letter tests)."""
+        r = Received(_FOREIGN, target, key, {}, body, None)
+        self.foreign[len(self.log)] = reason
+        self.log.append(r)
+        self.messages[target].append(r)
+        self.wake()
 
     def all(self) -> list[Received]:
         return [m for msgs in self.messages.values() for m in msgs]
@@ -70,6 +91,9 @@ class MemoryBroker:
     def clear(self) -> None:
         self.messages.clear()
         self.seen.clear()
+        self.log.clear()
+        self.foreign.clear()
+        self.groups.clear()
         self.fail_next = 0
         self.down = False
 
@@ -104,6 +128,7 @@ class MemoryTransport(Transport):
             max_message_bytes=self.cfg.max_message_bytes,
             cloudevents_modes=("binary",),
             reader=True,
+            subscriptions=True,
         )
 
     def target(self, event: Event) -> str:
@@ -134,8 +159,7 @@ class MemoryTransport(Transport):
             if not isinstance(r, Delivered):
                 failed.add(m.key)
             results.append(r)
-        for w in b.waiters:
-            w.set()
+        b.wake()
         return results
 
     def _one(self, b: MemoryBroker, m: Message) -> SendResult:
@@ -153,7 +177,9 @@ class MemoryTransport(Transport):
             return Delivered(duplicate=True)
         b.seen.add(m.event.id)
         headers = cloudevents.binary_headers(m.event)
-        b.messages[m.target].append(Received(m.event, m.target, m.key, headers, m.event.data, m.event.content_type))
+        r = Received(m.event, m.target, m.key, headers, m.event.data, m.event.content_type)
+        b.messages[m.target].append(r)
+        b.log.append(r)
         return Delivered()
 
     async def close(self) -> None:
@@ -168,6 +194,10 @@ class MemoryTransport(Transport):
 
     def reader(self, target: str, **options: Any) -> Reader:
         return MemoryReader(self.broker(self.cfg.broker), target)
+
+    def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
+        """The in-process bus (see :mod:`outrelay.transports._memory_bus`)."""
+        return MemorySubscription(self.broker(self.cfg.broker), spec, broker_name=self.cfg.broker)
 
 
 class MemoryReader(Reader):

@@ -1,0 +1,352 @@
+"""One subscription's runtime: per-stream lanes, retries, dead letters, replays.
+
+Built by :meth:`outrelay.core.bus.EventBus.subscribe`; see that module for
+the behaviour users rely on. Here, the mechanics:
+
+* a receive loop pulls from the backend while fewer than ``prefetch``
+  messages are unacked, and appends each to its stream's *lane*;
+* a lane has at most one worker task (so a stream is never handled twice at
+  once, and in arrival order); at most ``concurrency`` workers run;
+* a parked stream's lane keeps its messages unacked and has no worker until
+  the operator's replay succeeds or the dead letter is purged (seen by a
+  poll of the dead-letter table every ``poll_interval`` seconds, which also
+  takes queued replays).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from fnmatch import fnmatchcase
+from typing import Any
+
+from outrelay.core import cloudevents
+from outrelay.core.config import RetryPolicy
+from outrelay.core.consumer_dlq import ConsumerDeadLetter, ConsumerDeadLetters
+from outrelay.core.envelope import Event
+from outrelay.core.errors import OutrelayError, PermanentError, RetryableError, TransportError
+from outrelay.core.retry import backoff_delay
+from outrelay.core.subscription import Inbound, SubscriptionBackend
+
+__all__ = ["Handler", "Subscription", "SubscriptionStats"]
+
+log = logging.getLogger("outrelay.bus")
+
+#: what ``subscribe`` takes: ``async def handler(event)`` or a plain function (run in a worker thread)
+Handler = Callable[[Event], Awaitable[Any]] | Callable[[Event], Any]
+
+
+@dataclasses.dataclass
+class SubscriptionStats:
+    """Counters of one subscription (this process only)."""
+
+    handled: int = 0
+    skipped: int = 0
+    retries: int = 0
+    dead_lettered: int = 0
+    parked: int = 0
+    replayed: int = 0
+
+
+class Subscription:
+    """A running subscription. :meth:`unsubscribe` stops it gracefully."""
+
+    poll_interval = 2.0
+
+    def __init__(
+        self,
+        backend: SubscriptionBackend,
+        handler: Handler,
+        *,
+        consumer: str,
+        member: str,
+        types: tuple[str, ...],
+        tenants: tuple[str, ...],
+        streams: tuple[str, ...],
+        retry: RetryPolicy,
+        max_attempts: int,
+        park: bool,
+        concurrency: int,
+        prefetch: int,
+        dead_letters: ConsumerDeadLetters,
+    ) -> None:
+        self.backend = backend
+        self.consumer = consumer
+        self.member = member
+        self.group = backend.spec.group
+        self.stats = SubscriptionStats()
+        #: set when the subscription stopped because of a PermanentError
+        self.error: OutrelayError | None = None
+        self._handler = handler
+        self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
+        )
+        self._types = None if types in ((), ("*",)) else types
+        self._tenants = tenants
+        self._streams = streams
+        self._retry = retry
+        self._max_attempts = max_attempts
+        self._park = park
+        self._slots = asyncio.Semaphore(concurrency)
+        self._prefetch = prefetch
+        self._dlq = dead_letters
+        self._lanes: dict[str, deque[Inbound]] = {}
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._parked: dict[str, str | None] = {}  # stream -> event id of its parked head
+        self._unacked = 0
+        self._room = asyncio.Event()
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self.stopped = False
+        self._done = asyncio.Event()
+
+    def __repr__(self) -> str:
+        kind = f"group={self.group!r}" if self.group else "fan-out"
+        return f"<Subscription {self.consumer!r} {kind} member={self.member!r}>"
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.backend.start()
+        try:
+            heads = await asyncio.to_thread(self._dlq.parked_streams, self.consumer)
+        except BaseException:
+            await self.backend.stop()
+            raise
+        self._parked = dict.fromkeys(heads)
+        self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._dead_letter_loop())]
+
+    async def unsubscribe(self, grace: float = 10.0) -> None:
+        """Stop receiving, let running handlers finish (at most ``grace`` seconds,
+        then cancel them), leave the group: what was not acked goes to other members."""
+        if self.stopped:
+            return
+        self._stopping = True
+        self._room.set()
+        for t in self._tasks:
+            t.cancel()
+        workers = list(self._workers.values())
+        if workers:
+            _, late = await asyncio.wait(workers, timeout=grace)
+            for t in late:
+                t.cancel()
+            if late:
+                await asyncio.wait(late)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.stopped = True
+        try:
+            await self.backend.stop()
+        finally:
+            self._done.set()
+
+    async def wait(self) -> None:
+        """Wait until the subscription stops (unsubscribed, or a PermanentError)."""
+        await self._done.wait()
+
+    # -- receiving ----------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        failures = 0
+        while not self._stopping:
+            room = self._prefetch - self._unacked
+            if room <= 0:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            try:
+                batch = await self.backend.receive(min(room, 500), timeout=1.0)
+            except RetryableError as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("subscription %s: %s; retrying", self.consumer, exc)
+                await asyncio.sleep(min(5.0, 0.05 * 2**failures))
+                continue
+            except PermanentError as exc:
+                log.error("subscription %s stopped: %s", self.consumer, exc)
+                self.error = exc
+                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self.unsubscribe()))
+                return
+            if failures:
+                log.warning("subscription %s: receiving again after %d failed attempt(s)", self.consumer, failures)
+                failures = 0
+            for m in batch:
+                self._unacked += 1
+                self._lanes.setdefault(m.stream, deque()).append(m)
+                self._wake(m.stream)
+
+    def _wake(self, stream: str) -> None:
+        if stream in self._workers or stream in self._parked or not self._lanes.get(stream):
+            return
+        self._workers[stream] = asyncio.create_task(self._work(stream))
+
+    async def _work(self, stream: str) -> None:
+        try:
+            async with self._slots:
+                lane = self._lanes[stream]
+                while lane and not self._stopping and stream not in self._parked:
+                    if not await self._handle(lane[0]):
+                        break
+                    lane.popleft()
+        finally:
+            del self._workers[stream]
+            if not self._lanes.get(stream):
+                self._lanes.pop(stream, None)
+
+    async def _ack(self, m: Inbound) -> None:
+        try:
+            await m.ack()
+        except TransportError as exc:  # it comes again: a duplicate, which the inbox absorbs
+            log.warning("subscription %s: ack of %s failed (%s); it may come again", self.consumer, m.broker_id, exc)
+        finally:
+            self._unacked -= 1
+            self._room.set()
+
+    def _matches(self, e: Event) -> bool:
+        if self._types is not None and not any(fnmatchcase(e.type, p) for p in self._types):
+            return False
+        if self._tenants and e.tenant not in self._tenants:
+            return False
+        return not self._streams or any(fnmatchcase(e.stream, p) for p in self._streams)
+
+    # -- handling -----------------------------------------------------------
+
+    async def _handle(self, m: Inbound) -> bool:
+        """Handle the head of a lane. True: acked (handled, skipped or dead-lettered);
+        False: left unacked (stopping, or its stream was parked)."""
+        if m.received is None:
+            await self._record_foreign(m)
+            await self._ack(m)
+            return True
+        event = m.received.event
+        if not self._matches(event):
+            self.stats.skipped += 1
+            await self._ack(m)
+            return True
+        outcome = await self._attempts(event)
+        if outcome is None:
+            self.stats.handled += 1
+            await self._ack(m)
+            return True
+        if self._stopping and outcome[1] < self._max_attempts:
+            return False
+        reason, attempts, first = outcome
+        await self._record(event, reason, attempts, first, "parked" if self._park else "dead")
+        if self._park:
+            self.stats.parked += 1
+            self._parked[event.stream] = event.id
+            return False
+        self.stats.dead_lettered += 1
+        await self._ack(m)
+        return True
+
+    async def _attempts(self, event: Event) -> tuple[str, int, float] | None:
+        """Call the handler until it succeeds (None) or the attempts run out
+        (reason, attempts, first failure time). Stops early when unsubscribing."""
+        first = 0.0
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                if self._is_async:
+                    await self._handler(event)
+                else:
+                    result = await asyncio.to_thread(self._handler, event)
+                    if inspect.isawaitable(result):
+                        await result
+                return None
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+                first = first or time.time()
+            if attempt == self._max_attempts or self._stopping:
+                return reason, attempt, first
+            self.stats.retries += 1
+            log.debug("subscription %s: event %s failed (%s); attempt %d", self.consumer, event.id, reason, attempt)
+            await asyncio.sleep(backoff_delay(self._retry, attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _record(self, event: Event, reason: str, attempts: int, first: float, state: str) -> None:
+        log.warning(
+            "subscription %s: event %s (%s, stream %r) %s after %d attempt(s): %s",
+            self.consumer, event.id, event.type, event.stream,
+            "parked its stream" if state == "parked" else "dead-lettered", attempts, reason,
+        )  # fmt: skip
+        await asyncio.to_thread(
+            self._dlq.record,
+            consumer=self.consumer,
+            member=self.member,
+            event_id=event.id,
+            type=event.type,
+            stream=event.stream,
+            tenant=event.tenant,
+            body=cloudevents.to_structured(event),
+            content_type=cloudevents.STRUCTURED_CONTENT_TYPE,
+            reason=reason,
+            attempts=attempts,
+            first_failed_at=first,
+            failed_at=time.time(),
+            state=state,
+        )
+
+    async def _record_foreign(self, m: Inbound) -> None:
+        reason = f"not an outrelay CloudEvent: {m.error}"
+        log.warning("subscription %s: message %s dead-lettered: %s", self.consumer, m.broker_id or "?", reason)
+        now = time.time()
+        await asyncio.to_thread(
+            self._dlq.record,
+            consumer=self.consumer, member=self.member, event_id=m.broker_id, type="", stream=m.stream,
+            tenant=None, body=b"", content_type=None, reason=reason, attempts=0, first_failed_at=now,
+            failed_at=now,
+        )  # fmt: skip
+        self.stats.dead_lettered += 1
+
+    # -- operator actions ---------------------------------------------------
+
+    async def _dead_letter_loop(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                for dl in await asyncio.to_thread(self._dlq.take_queued, self.consumer, self.member):
+                    await self._replay(dl)
+                heads = await asyncio.to_thread(self._dlq.parked_streams, self.consumer)
+            except OutrelayError as exc:
+                log.warning("subscription %s: dead letters unavailable: %s", self.consumer, exc)
+                continue
+            for stream in heads.difference(self._parked):  # parked by another member of the group
+                self._parked[stream] = None
+            for stream in set(self._parked).difference(heads):  # purged: skip that event, resume the stream
+                await self._unpark(stream, self._parked[stream])
+
+    async def _replay(self, dl: ConsumerDeadLetter) -> None:
+        was_parked = dl.state == "replaying-parked"
+        now = time.time()
+        if not dl.type:
+            await asyncio.to_thread(self._dlq.finish, dl.id, state="dead", now=now)
+            log.warning("subscription %s: dead letter %d is not an event and cannot be replayed", self.consumer, dl.id)
+            return
+        event = cloudevents.from_structured(dl.body)
+        outcome = await self._attempts(event)
+        if outcome is None:
+            self.stats.replayed += 1
+            await asyncio.to_thread(self._dlq.finish, dl.id, state="replayed", now=time.time())
+            if was_parked:
+                await self._unpark(dl.stream, dl.event_id)
+            return
+        reason, attempts, _ = outcome
+        again = "parked" if was_parked else "dead"
+        await asyncio.to_thread(
+            self._dlq.finish, dl.id, state=again, reason=reason, attempts=dl.attempts + attempts, now=time.time()
+        )
+
+    async def _unpark(self, stream: str, event_id: str | None) -> None:
+        """Resume a parked stream; its held head is acked unhandled when it is the
+        event that was replayed or purged."""
+        self._parked.pop(stream, None)
+        lane = self._lanes.get(stream)
+        if lane and event_id is not None and lane[0].received is not None and lane[0].received.event.id == event_id:
+            await self._ack(lane.popleft())
+        self._wake(stream)
