@@ -60,6 +60,7 @@ class Member:
         self.bus: EventBus | None = None
         self.sub: Subscription | None = None
         self.recorder: Recorder | None = None
+        self.dying: asyncio.Future[None] | None = None
 
     async def kill(self) -> None:
         """Die without acking what is in flight: SIGKILL, or for a task an unsubscribe with no grace."""
@@ -70,14 +71,13 @@ class Member:
             await self.sub.unsubscribe(grace=0)
 
     async def stop(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.to_thread(self.proc.wait, 20)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    await asyncio.to_thread(self.proc.wait, 10)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(self.proc.wait, 20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                await asyncio.to_thread(self.proc.wait, 10)
         if self.bus is not None:
             await self.bus.close(grace=1)
         if self.recorder is not None:
@@ -123,18 +123,21 @@ class Harness:
         if self.backend.processes:
             for m in made:
                 cmd = [sys.executable, "-m", "tests.bus._member", "--config", str(self.config), "--name", m.name,
-                       "--out", str(m.out), "--group", group or "", "--delay", str(delay), "--prefetch", str(prefetch)]  # fmt: skip
+                       "--out", str(m.out), "--group", group or "", "--delay", str(delay),
+                       "--prefetch", str(prefetch)]  # fmt: skip
                 if app_db is not None:
                     cmd += ["--app-db", str(app_db)]
                 if crash_on is not None and m is made[0]:
                     cmd += ["--crash-on", crash_on]
-                m.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                env = {**os.environ, "PYTHONPATH": str(ROOT)}
+                m.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, env=env)  # noqa: ASYNC220 - a quick fork
             await asyncio.gather(*(asyncio.wait_for(asyncio.to_thread(_ready, m), 60) for m in made))
         else:
             for m in made:
                 m.bus = self.bus(m.name)
                 crash = crash_on if m is made[0] else None
-                m.recorder = rec = Recorder(m.out, m.name, delay=delay, app_db=app_db, crash_on=crash, on_crash=_hang(m))
+                rec = Recorder(m.out, m.name, delay=delay, app_db=app_db, crash_on=crash, on_crash=_hang(m))
+                m.recorder = rec
                 m.sub = await m.bus.subscribe(rec, group=group, name=m.name, prefetch=prefetch)
         return made
 
@@ -176,7 +179,7 @@ def _ready(m: Member) -> None:
 def _hang(m: Member) -> Any:
     async def crash() -> None:  # a task member "dies": unsubscribe with no grace cancels this handler
         assert m.sub is not None
-        asyncio.ensure_future(m.sub.unsubscribe(grace=0))
+        m.dying = asyncio.ensure_future(m.sub.unsubscribe(grace=0))
         await asyncio.Event().wait()
 
     return crash

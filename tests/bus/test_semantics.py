@@ -8,6 +8,7 @@ bus). Sizes follow the issue: ``OUTRELAY_BUS_EVENTS`` events (default
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from collections import Counter
@@ -41,7 +42,7 @@ def assert_ordered_without_overlap(records: list[dict[str, object]]) -> None:
     for stream, lane in first_handlings(records).items():
         indexes = [r["i"] for r in lane]
         assert indexes == sorted(indexes), f"stream {stream} handled out of order: {indexes[:20]}..."
-        for a, b in zip(lane, lane[1:], strict=False):
+        for a, b in itertools.pairwise(lane):
             assert a["end"] <= b["start"], f"stream {stream}: events {a['i']} and {b['i']} handled at once"
 
 
