@@ -5,7 +5,9 @@ least once, in order per stream, through pluggable transports.
 """
 
 from outrelay._version import __version__
+from outrelay.core.bus import EventBus
 from outrelay.core.config import (
+    BusConfig,
     DestinationConfig,
     OutrelayConfig,
     RetryPolicy,
@@ -13,6 +15,7 @@ from outrelay.core.config import (
     load_config,
     parse_config,
 )
+from outrelay.core.consumer_dlq import ConsumerDeadLetter, ConsumerDeadLetters
 from outrelay.core.envelope import Event
 from outrelay.core.errors import (
     ConfigError,
@@ -30,9 +33,12 @@ from outrelay.core.errors import (
 )
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.ids import uuid7
+from outrelay.core.inbox import Inbox
 from outrelay.core.outbox import Outbox
 from outrelay.core.registry import Registry
 from outrelay.core.relay import Relay, RunSummary
+from outrelay.core.subscriber import Subscription, SubscriptionStats
+from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
 from outrelay.core.transport import (
     Capabilities,
     Delivered,
@@ -47,12 +53,18 @@ from outrelay.core.transport import (
 )
 
 __all__ = [
+    "BusConfig",
     "Capabilities",
     "ConfigError",
+    "ConsumerDeadLetter",
+    "ConsumerDeadLetters",
     "Delivered",
     "DestinationConfig",
     "Event",
+    "EventBus",
     "EventError",
+    "Inbound",
+    "Inbox",
     "Message",
     "MissingExtraError",
     "NotFoundError",
@@ -73,6 +85,10 @@ __all__ = [
     "SendResult",
     "StoreError",
     "StoreLockedError",
+    "Subscription",
+    "SubscriptionBackend",
+    "SubscriptionSpec",
+    "SubscriptionStats",
     "Transport",
     "TransportConfig",
     "TransportError",

@@ -39,7 +39,7 @@ import socket
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from outrelay.core.config import OutrelayConfig, RetryPolicy, load_config
 from outrelay.core.consumer_dlq import ConsumerDeadLetters
@@ -48,6 +48,9 @@ from outrelay.core.errors import ConfigError, PermanentError, UsageError
 from outrelay.core.subscriber import Handler, Subscription, SubscriptionStats
 from outrelay.core.subscription import SubscriptionSpec
 from outrelay.core.transport import Delivered, Message, Transport
+
+if TYPE_CHECKING:
+    from outrelay.core.registry import Registry
 
 __all__ = ["BUS_ENV", "EventBus", "Handler", "Subscription", "SubscriptionStats"]
 
@@ -109,16 +112,19 @@ class EventBus:
         *,
         destination: str | None = None,
         member: str | None = None,
+        dead_letters: str | None = None,
+        registry: Registry | None = None,
     ) -> EventBus:
         """The bus a config selects: ``destination``, else ``$OUTRELAY_BUS``, else
-        ``[bus] destination``, else the in-process bus (``memory``).
+        ``[bus] destination``, else the in-process bus (``memory``). Consumer dead
+        letters go to ``dead_letters``, else ``[bus] dead_letters``, else the outbox database.
 
         :raises ConfigError: unknown destination, a transport without subscriptions,
             or a missing extra — one line saying how to fix it.
         """
         cfg = config if isinstance(config, OutrelayConfig) else load_config(config)
         name = destination or os.environ.get(BUS_ENV) or cfg.bus.destination or "memory"
-        dlq_url = cfg.bus.dead_letters or cfg.outbox.url
+        dlq_url = dead_letters or cfg.bus.dead_letters or cfg.outbox.url
         kwargs: dict[str, Any] = {"dead_letters": dlq_url, "claim_timeout": cfg.bus.claim_timeout, "member": member}
         if name == "memory" and "memory" not in cfg.destinations:
             return cls.memory(**kwargs)
@@ -127,9 +133,11 @@ class EventBus:
             known = ", ".join(sorted(cfg.destinations)) or "none"
             src = "--destination" if destination else f"${BUS_ENV}" if os.environ.get(BUS_ENV) else "[bus] destination"
             raise ConfigError(f"{src} names destination {name!r}, which is not defined (defined: {known}, or memory)")
-        from outrelay.core.registry import Registry
+        if registry is None:
+            from outrelay.core.registry import Registry
 
-        transport = Registry().create_transport(dest.transport, dest.options, destination=name)
+            registry = Registry()
+        transport = registry.create_transport(dest.transport, dest.options, destination=name)
         return cls(transport, **kwargs)
 
     # -- subscribing --------------------------------------------------------

@@ -11,12 +11,34 @@ import typer
 
 from outrelay.core import cloudevents
 from outrelay.core.cli._common import ConfigOption, console, load, mask, secrets_of
+from outrelay.core.config import OutrelayConfig
+from outrelay.core.consumer_dlq import ConsumerDeadLetters
 from outrelay.core.errors import ConfigError
 from outrelay.core.outbox import Outbox
 
 __all__ = ["app"]
 
-app = typer.Typer(help="Inspect, replay and purge dead letters.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Inspect, replay and purge dead letters: the relay's (per destination) and, with --consumer, "
+    "the subscribers' (per consumer group or subscription).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+ConsumerOption = typer.Option(
+    None,
+    "--consumer",
+    help="Consumer-side dead letters of this consumer group/subscription ('all': every consumer).",
+    show_default=False,
+)
+
+
+def _consumers(cfg: OutrelayConfig) -> ConsumerDeadLetters:
+    return ConsumerDeadLetters(cfg.bus.dead_letters or cfg.outbox.url)
+
+
+def _consumer_filter(consumer: str) -> str | None:
+    return None if consumer == "all" else consumer
 
 
 def _ts(t: float | None) -> str:
@@ -29,12 +51,16 @@ def list_(
     limit: int = typer.Option(100, "--limit", min=1),
     include_replayed: bool = typer.Option(False, "--include-replayed"),
     as_json: bool = typer.Option(False, "--json"),
+    consumer: str | None = ConsumerOption,
     config: Path | None = ConfigOption,
 ) -> None:
     """List dead letters (and parked streams' heads), oldest first."""
     cfg = load(config)
     secrets = secrets_of(cfg)
     states = ("dead", "parked", "replayed") if include_replayed else ("dead", "parked")
+    if consumer is not None:
+        _list_consumer(cfg, consumer, states, limit, as_json)
+        return
     with Outbox.open(cfg.outbox.url) as outbox:
         rows = outbox.store.dead_letters(destination=destination, states=states, limit=limit)
     docs = [{**r.summary(), "reason": mask(r.reason, secrets)} for r in rows]
@@ -53,13 +79,46 @@ def list_(
         )
 
 
+def _list_consumer(cfg: OutrelayConfig, consumer: str, states: tuple[str, ...], limit: int, as_json: bool) -> None:
+    dlq = _consumers(cfg)
+    try:
+        rows = dlq.entries(consumer=_consumer_filter(consumer), states=states, limit=limit)
+    finally:
+        dlq.close()
+    docs = [r.summary() for r in rows]
+    if as_json:
+        console.print_json(orjson.dumps(docs).decode())
+        return
+    if not docs:
+        console.print("no consumer dead letters", markup=False)
+        return
+    for d in docs:
+        console.print(
+            f"{d['id']:>6}  {d['state']:<8} {d['consumer']:<16} {d['type'] or '(not an event)':<24} "
+            f"stream={d['stream']} attempts={d['attempts']} failed={_ts(d['failed_at'])} member={d['member']}  "
+            f"{d['reason']}",
+            markup=False,
+            soft_wrap=True,
+        )
+
+
 @app.command("show")
 def show(
     dl_id: int = typer.Argument(..., metavar="ID"),
+    consumer: bool = typer.Option(False, "--consumer", help="ID is a consumer-side dead letter."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Show one dead letter with its whole event (CloudEvents JSON)."""
     cfg = load(config)
+    if consumer:
+        dlq = _consumers(cfg)
+        try:
+            cdl = dlq.get(dl_id)
+        finally:
+            dlq.close()
+        body: object = orjson.loads(cdl.body) if cdl.type else cdl.body.decode("utf-8", "replace")
+        console.print_json(orjson.dumps({**cdl.summary(), "event": body}).decode())
+        return
     with Outbox.open(cfg.outbox.url) as outbox:
         dl = outbox.store.dead_letter(dl_id)
     doc = {
@@ -83,11 +142,22 @@ def replay(
     ids: list[int] = typer.Argument(None, metavar="[ID]..."),
     all_: bool = typer.Option(False, "--all", help="Every dead letter (of --destination, if given)."),
     destination: str | None = typer.Option(None, "--destination", "-d"),
+    consumer: str | None = ConsumerOption,
     config: Path | None = ConfigOption,
 ) -> None:
-    """Queue dead letters for delivery again (a parked stream resumes from its head)."""
+    """Queue dead letters for delivery again (a parked stream resumes from its head).
+
+    With --consumer, a running member of that consumer hands them to its handler again."""
     cfg = load(config)
     selected = _select(ids or [], all_)
+    if consumer is not None:
+        dlq = _consumers(cfg)
+        try:
+            n = dlq.replay(selected, consumer=_consumer_filter(consumer))
+        finally:
+            dlq.close()
+        console.print(f"queued {n} consumer dead letter(s); a running member handles them again", markup=False)
+        return
     with Outbox.open(cfg.outbox.url) as outbox:
         n = outbox.store.replay_dead(selected, destination=destination, now=time.time())
     console.print(f"queued {n} dead letter(s) for delivery; a running relay picks them up", markup=False)
@@ -99,14 +169,24 @@ def purge(
     all_: bool = typer.Option(False, "--all", help="Every dead letter (of --destination, if given)."),
     destination: str | None = typer.Option(None, "--destination", "-d"),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    consumer: str | None = ConsumerOption,
     config: Path | None = ConfigOption,
 ) -> None:
     """Delete dead letters for good (purging a parked one skips that event and resumes the stream)."""
     cfg = load(config)
     selected = _select(ids or [], all_)
+    of = destination or consumer
     if not yes:
         what = "ALL dead letters" if selected is None else f"{len(selected)} dead letter(s)"
-        typer.confirm(f"Purge {what}{' of ' + destination if destination else ''}?", abort=True)
+        typer.confirm(f"Purge {what}{' of ' + of if of else ''}?", abort=True)
+    if consumer is not None:
+        dlq = _consumers(cfg)
+        try:
+            n = dlq.purge(selected, consumer=_consumer_filter(consumer))
+        finally:
+            dlq.close()
+        console.print(f"purged {n} consumer dead letter(s)", markup=False)
+        return
     with Outbox.open(cfg.outbox.url) as outbox:
         n = outbox.store.purge_dead(selected, destination=destination)
     console.print(f"purged {n} dead letter(s)", markup=False)

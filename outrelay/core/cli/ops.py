@@ -24,6 +24,9 @@ def register(app: typer.Typer) -> None:
     from outrelay.core.cli.demo import demo
 
     app.command("demo")(demo)
+    from outrelay.core.cli.tail import tail
+
+    app.command("tail")(tail)
 
 
 def _known(cfg: OutrelayConfig, destination: str) -> None:
