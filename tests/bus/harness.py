@@ -71,6 +71,8 @@ class Member:
             await self.sub.unsubscribe(grace=0)
 
     async def stop(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

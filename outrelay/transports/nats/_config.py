@@ -71,6 +71,13 @@ class NatsConfig(TransportConfig):
     reconnect_time_wait: float = Field(0.5, ge=0, le=60)
     max_message_bytes: int = Field(1_000_000, ge=1, description="data bytes; headers use the rest of max_payload")
     name: str = "outrelay"
+    group_shards: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="subscriptions: shards per consumer group (the unit of load sharing and of per-stream order); "
+        "every member of a group must use the same value",
+    )
     # TLS: `tls = true` uses the system trust store; the files override it.
     tls: bool = False
     tls_ca_file: str | None = None

@@ -17,6 +17,7 @@ from typing import Literal
 import nats.errors
 import nats.js.api
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 from outrelay.core import cloudevents
@@ -25,7 +26,18 @@ from outrelay.core.transport import Reader, Received
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._errors import mapped
 
-__all__ = ["NatsReader"]
+__all__ = ["NatsReader", "decode"]
+
+
+def decode(msg: Msg) -> Received:
+    """Rebuild the :class:`Received` of a JetStream message from its ``ce-*`` headers.
+
+    :raises EventError: (or another ValueError) the message is not an outrelay CloudEvent.
+    """
+    headers = dict(msg.headers or {})
+    ctype = headers.get("Content-Type")
+    event = cloudevents.from_binary(headers, msg.data, content_type=ctype)
+    return Received(event, msg.subject, headers.get("ce-partitionkey"), headers, bytes(msg.data), ctype)
 
 
 class NatsReader(Reader):
@@ -96,12 +108,7 @@ class NatsReader(Reader):
                 if out:  # hand back what was read; the error repeats on the next read
                     break
                 raise
-            for msg in msgs:
-                headers = dict(msg.headers or {})
-                ctype = headers.get("Content-Type")
-                event = cloudevents.from_binary(headers, msg.data, content_type=ctype)
-                key = headers.get("ce-partitionkey")
-                out.append(Received(event, msg.subject, key, headers, bytes(msg.data), ctype))
+            out.extend(decode(msg) for msg in msgs)
         return out
 
     async def stop(self) -> None:

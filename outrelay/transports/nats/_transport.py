@@ -54,6 +54,7 @@ from nats.js.client import JetStreamContext
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
 from outrelay.core.errors import PermanentError, RetryableError, TransportError, UsageError
+from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 from outrelay.core.templates import Template
 from outrelay.core.tls import certificate_refused, tls_hint
 from outrelay.core.transport import (
@@ -185,6 +186,7 @@ class NatsTransport(Transport):
             max_message_bytes=self._max_bytes,
             cloudevents_modes=("binary",),
             reader=True,
+            subscriptions=True,
         )
 
     def target(self, event: Event) -> str:
@@ -371,3 +373,16 @@ class NatsTransport(Transport):
         from outrelay.transports.nats._reader import NatsReader
 
         return NatsReader(self.cfg, target, destination=self.destination, **options)
+
+    def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
+        """A JetStream consumer group or fan-out (see :mod:`outrelay.transports.nats._subscriber`).
+
+        :raises PermanentError: ``spec.target`` is empty and ``subject`` renders no NATS pattern.
+        """
+        if spec.group is None:
+            from outrelay.transports.nats._subscriber import NatsFanout
+
+            return NatsFanout(self, spec)
+        from outrelay.transports.nats._group import NatsGroup
+
+        return NatsGroup(self, spec)
