@@ -95,6 +95,13 @@ class DestinationConfig(BaseModel):
         16, ge=1, le=10_000, description="events of one stream per batch (if the transport orders batches)"
     )
     retry: RetryPolicy = RetryPolicy()
+    attempt_timeout: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="seconds one delivery attempt (a whole batch's transport.send) may take; then every message "
+        "of the batch is retried later and the destination's other streams keep flowing",
+    )
 
     @property
     def options(self) -> dict[str, Any]:
@@ -125,6 +132,11 @@ class OutboxConfig(_Frozen):
     retention_days: float | None = Field(
         None, ge=0, description="delete delivered events older than this; None keeps all (replay reads history)"
     )
+    max_event_bytes: int | None = Field(
+        8 * 1024 * 1024,
+        ge=1,
+        description="append refuses events whose data is larger (EventError); None: no limit",
+    )
 
 
 class RelayConfig(_Frozen):
@@ -132,6 +144,12 @@ class RelayConfig(_Frozen):
     route_batch: int = Field(1000, ge=1, le=100_000)
     lease_seconds: float = Field(60.0, ge=1, le=3600)
     shutdown_grace: float = Field(10.0, ge=0, le=600)
+    max_batch_bytes: int = Field(
+        4 * 1024 * 1024, ge=1, description="a claim stops at this many bytes of event data (one event always fits)"
+    )
+    max_in_flight_bytes: int = Field(
+        32 * 1024 * 1024, ge=1, description="event data bytes claimed and not yet settled, all destinations together"
+    )
     drain_retry_bound: float = Field(
         30.0, ge=0, le=3600, description="--drain waits for retries due within this many seconds"
     )

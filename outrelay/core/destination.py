@@ -86,7 +86,8 @@ class DestinationWorker:
             await self._sleep(self.blocked_until - now)
             return
         await self.slots.acquire()
-        if relay.stopping:
+        room = 0 if relay.stopping else await relay.budget.room()
+        if room <= 0:  # stopping
             self.slots.release()
             return
         try:
@@ -98,6 +99,7 @@ class DestinationWorker:
                 owner=relay.owner,
                 lease_seconds=relay.config.relay.lease_seconds,
                 now=time.time(),
+                max_bytes=room,
             )
         except BaseException:
             self.slots.release()
@@ -106,7 +108,9 @@ class DestinationWorker:
             self.slots.release()
             await self._wait_for_work()
             return
-        task = asyncio.create_task(self._process(claimed))
+        size = sum(len(c.event.data) for c in claimed)
+        relay.budget.take(size)
+        task = asyncio.create_task(self._process(claimed, size))
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
 
@@ -148,15 +152,19 @@ class DestinationWorker:
         timeout = poll if next_due is None else min(poll, max(0.001, next_due - time.time()))
         await self._sleep(timeout)
 
-    async def drain_inflight(self, grace: float) -> None:
+    async def drain_inflight(self, grace: float, bound: float) -> None:
         """Wait up to ``grace`` seconds for in-flight batches, then cancel them
-        (their lanes stay leased and are released with the relay)."""
+        and wait at most ``bound`` more (a send that ignores cancellation is
+        abandoned). Their lanes stay leased and are released with the relay:
+        the events stay pending, nothing is lost."""
         if self.inflight:
             _, pending = await asyncio.wait(set(self.inflight), timeout=grace)
             for task in pending:
                 task.cancel()
             if pending:
-                await asyncio.wait(pending)
+                _, stuck = await asyncio.wait(pending, timeout=bound)
+                if stuck:
+                    log.warning("destination %s: %d batch(es) ignored cancellation; abandoned", self.name, len(stuck))
 
     def idle_until(self, now: float, next_due: float | None) -> float:
         """When this destination will next have something to do (inf: never)."""
@@ -170,25 +178,29 @@ class DestinationWorker:
 
     # -- one batch ---------------------------------------------------------------
 
-    async def _process(self, claimed: Sequence[Claimed]) -> None:
+    async def _process(self, claimed: Sequence[Claimed], size: int = 0) -> None:
+        settled = False
         try:
             transport = self.transport
             messages = [Message(c.event, transport.target(c.event), c.event.stream, c.attempts + 1) for c in claimed]
             started = time.monotonic()
-            results = await self._send(messages)
+            results, timed_out = await self._send(messages)
             elapsed = time.monotonic() - started
             now = time.time()
             settlements, disable = self._plan(claimed, results, now)
             if disable is not None:  # stop claiming before the settle below releases the lanes
                 self.disabled = disable
                 self._disable_version += 1
-            await self.relay.db(self.relay.store.settle, self.name, self.relay.owner, settlements, now)
+            await self._settle(settlements, now)
+            settled = True
             failures = [r for r in results if not isinstance(r, Delivered)]
             if failures:
                 first = failures[0]
                 self.last_error = first.error if isinstance(first, RetryLater) else getattr(first, "reason", "")
                 await self.relay.db(self.relay.store.record_error, self.name, self.last_error, now)
-                if len(failures) == len(results) and all(isinstance(r, RetryLater) for r in failures):
+                # a timed-out batch may hold one stuck stream among healthy ones: back off per lane
+                # (the settlements above), without pausing the whole destination
+                if not timed_out and len(failures) == len(results) and all(isinstance(r, RetryLater) for r in failures):
                     pause = (
                         min(s.due_at for s in settlements if s.kind == "retry")
                         if any(s.kind == "retry" for s in settlements)
@@ -220,36 +232,69 @@ class DestinationWorker:
                     )
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # e.g. the outbox database is locked or gone
-            # Nothing is lost: the batch's lanes stay leased and are claimed again when the lease ends.
+        except Exception as exc:  # the relay is stopping with the outbox unavailable, or a bug
+            # Nothing is lost: the batch's lanes stay leased by this relay and are released when it stops.
+            if settled:
+                return
             self.last_error = f"could not settle a batch: {exc}"
             log.error(
-                "destination %s: could not settle a batch of %d (%s); it is sent again after the lease",
+                "destination %s: could not settle a batch of %d (%s); it is sent again after the relay stops",
                 self.name,
                 len(claimed),
                 exc,
             )
         finally:
+            self.relay.budget.free(size)
             self.slots.release()
             self.wake.set()
 
-    async def _send(self, messages: list[Message]) -> Sequence[SendResult]:
+    async def _settle(self, settlements: list[Settlement], now: float) -> None:
+        """Settle, retrying while the outbox is unavailable: this relay keeps the
+        lanes leased meanwhile (renewed), so no other claim sends them again."""
+        delay = 0.2
+        while True:
+            try:
+                await self.relay.db(self.relay.store.settle, self.name, self.relay.owner, settlements, now)
+                return
+            except StoreError as exc:
+                if self.relay.stopping:
+                    raise
+                log.warning("destination %s: cannot settle a batch (%s); retrying in %.1fs", self.name, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _send(self, messages: list[Message]) -> tuple[Sequence[SendResult], bool]:
+        """Send one batch under ``attempt_timeout``; every failure becomes
+        per-message results. The flag is True when the deadline expired."""
         n = len(messages)
+        limit = self.config.attempt_timeout
+        deadline = asyncio.timeout(limit)
         try:
-            results = await self.transport.send(messages)
+            async with deadline:
+                results = await self.transport.send(messages)
+        except TimeoutError:
+            if not deadline.expired():  # the transport's own TimeoutError escaped: a transport bug
+                log.exception("destination %s: transport raised TimeoutError (a transport bug)", self.name)
+                return [RetryLater(f"unexpected TimeoutError from transport {self.transport.name!r}")] * n, False
+            error = (
+                f"delivery attempt to destination {self.name!r} timed out after {limit:g}s "
+                f"(attempt_timeout); it is retried — raise attempt_timeout if the {self.transport.name} "
+                "endpoint is just slow"
+            )
+            return [RetryLater(error)] * n, True
         except RetryableError as exc:
-            return [RetryLater(str(exc), exc.retry_after)] * n
+            return [RetryLater(str(exc), exc.retry_after)] * n, False
         except PermanentError as exc:
-            return [Rejected(str(exc))] * n
+            return [Rejected(str(exc))] * n, False
         except UsageError as exc:
-            return [RetryLater(f"transport not usable: {exc}")] * n
+            return [RetryLater(f"transport not usable: {exc}")] * n, False
         except Exception as exc:  # a transport bug must not lose events
             log.exception("destination %s: transport raised %s (a transport bug)", self.name, type(exc).__name__)
-            return [RetryLater(f"unexpected {type(exc).__name__} from transport {self.transport.name!r}")] * n
+            return [RetryLater(f"unexpected {type(exc).__name__} from transport {self.transport.name!r}")] * n, False
         if len(results) != n:
             log.error("destination %s: transport returned %d results for %d messages", self.name, len(results), n)
-            return [RetryLater("transport returned a wrong number of results")] * n
-        return results
+            return [RetryLater("transport returned a wrong number of results")] * n, False
+        return results, False
 
     def _plan(
         self, claimed: Sequence[Claimed], results: Sequence[SendResult], now: float

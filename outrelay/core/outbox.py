@@ -3,7 +3,16 @@
 ``append`` writes only to the database (invariant 1). Given ``conn``, it
 runs inside the caller's open transaction and the caller commits; without
 it, it commits a transaction of its own. Relays in the same process are
-woken at once; others poll (or, on PostgreSQL, LISTEN).
+woken at once; others are woken by the store (PostgreSQL LISTEN, a SQLite
+commit watcher) or poll.
+
+Events whose data exceeds ``max_event_bytes`` (default
+:data:`DEFAULT_MAX_EVENT_BYTES`, 8 MiB) are refused before anything is
+written: most brokers refuse far less (Kafka and NATS 1 MB, SQS 256 KiB,
+Pub/Sub 10 MB), so a larger event would only be dead-lettered later, and
+every event the relay holds costs its size in memory. Raise it with
+``Outbox.open(url, max_event_bytes=...)`` or ``[outbox] max_event_bytes``
+(``None``: no limit) when a destination takes more.
 """
 
 from __future__ import annotations
@@ -17,7 +26,10 @@ from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError, EventError
 from outrelay.core.stores.base import Store
 
-__all__ = ["Outbox", "open_store"]
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "Outbox", "open_store"]
+
+#: the default largest event data ``append`` accepts (see the module docstring)
+DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
 
 
 def open_store(url: str, **options: Any) -> Store:
@@ -51,15 +63,18 @@ def open_store(url: str, **options: Any) -> Store:
 class Outbox:
     """An outbox database. Thread-safe; use one per process and database."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, max_event_bytes: int | None = DEFAULT_MAX_EVENT_BYTES) -> None:
         self.store = store
+        self.max_event_bytes = max_event_bytes
         self._listeners: list[Callable[[bool], None]] = []
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, url: str, **options: Any) -> Outbox:
-        """Open (creating or migrating the schema) ``sqlite:///FILE`` or ``postgresql://...``."""
-        return cls(open_store(url, **options))
+    def open(cls, url: str, *, max_event_bytes: int | None = DEFAULT_MAX_EVENT_BYTES, **options: Any) -> Outbox:
+        """Open (creating or migrating the schema) ``sqlite:///FILE`` or ``postgresql://...``.
+
+        ``max_event_bytes``: the largest event data :meth:`append` accepts (None: any)."""
+        return cls(open_store(url, **options), max_event_bytes=max_event_bytes)
 
     @property
     def url(self) -> str:
@@ -68,13 +83,11 @@ class Outbox:
     def append(self, events: Event | Iterable[Event], conn: Any = None) -> list[str]:
         """Append one event or several, atomically; returns their ids.
 
-        :raises EventError: not an Event, or an id already in the outbox.
+        :raises EventError: not an Event, data over ``max_event_bytes``, or an id
+            already in the outbox (nothing was appended).
         :raises StoreError: the database failed (nothing was appended).
         """
-        batch = [events] if isinstance(events, Event) else list(events)
-        for e in batch:
-            if not isinstance(e, Event):
-                raise EventError(f"append() takes outrelay.Event objects, got {type(e).__name__}")
+        batch = self._check(events, "append")
         if not batch:
             return []
         stored = self.store.append(batch, conn)
@@ -90,15 +103,26 @@ class Outbox:
         :raises EventError: not an Event, or an id already in the outbox.
         :raises StoreError: the database failed, or ``conn`` is not supported.
         """
-        batch = [events] if isinstance(events, Event) else list(events)
-        for e in batch:
-            if not isinstance(e, Event):
-                raise EventError(f"aappend() takes outrelay.Event objects, got {type(e).__name__}")
+        batch = self._check(events, "aappend")
         if not batch:
             return []
         stored = await self.store.aappend(batch, conn)
         self._notify(conn is not None)
         return [e.id for e in stored]
+
+    def _check(self, events: Event | Iterable[Event], what: str) -> list[Event]:
+        batch = [events] if isinstance(events, Event) else list(events)
+        limit = self.max_event_bytes
+        for e in batch:
+            if not isinstance(e, Event):
+                raise EventError(f"{what}() takes outrelay.Event objects, got {type(e).__name__}")
+            if limit is not None and len(e.data) > limit:
+                raise EventError(
+                    f"event {e.id} ({e.type}): data is {len(e.data):,} bytes, over the outbox's max_event_bytes "
+                    f"{limit:,}; nothing was appended. Store large payloads elsewhere and append a reference, "
+                    "or raise the limit: Outbox.open(url, max_event_bytes=N) / [outbox] max_event_bytes"
+                )
+        return batch
 
     def add_listener(self, callback: Callable[[bool], None]) -> Callable[[], None]:
         """Call ``callback(in_caller_txn)`` after each append; returns an unsubscribe."""

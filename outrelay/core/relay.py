@@ -6,9 +6,20 @@ task fans new events out to destinations; one :class:`DestinationWorker` per
 destination claims, sends and settles. Store calls run in worker threads so
 the event loop never blocks on the database.
 
+While batches are in flight the relay renews its lane leases every third of
+``relay.lease_seconds``, so a slow send never lets its lanes be claimed again
+(re-sends happen only after a crash or a lost database connection). Each
+attempt (a whole ``transport.send``) has a deadline, the destination's
+``attempt_timeout``. Claims stay within ``relay.max_batch_bytes`` and, for all
+destinations together, ``relay.max_in_flight_bytes`` of event data.
+
 Shutdown (:meth:`stop`, or SIGINT/SIGTERM via the CLI) stops claiming, waits
 ``relay.shutdown_grace`` seconds for in-flight batches, settles what
-finished, and releases the leases of what did not; nothing is lost.
+finished, cancels the rest and releases the leases of what did not; nothing
+is lost. :meth:`run` returns within ``shutdown_grace`` + about
+``4 * STOP_STEP`` seconds whatever transports do: each later shutdown step
+(cancelled sends, closing transports, the final store calls) is abandoned
+after ``STOP_STEP`` seconds.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from outrelay.core.budget import ByteBudget
 from outrelay.core.config import DestinationConfig, OutrelayConfig
 from outrelay.core.destination import DestinationWorker
 from outrelay.core.errors import ConfigError, StoreError, UsageError
@@ -40,6 +52,9 @@ __all__ = ["Relay", "RunSummary", "build_transports"]
 
 log = logging.getLogger("outrelay.relay")
 T = TypeVar("T")
+
+#: seconds each shutdown step after the grace period may take before it is abandoned
+STOP_STEP = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +104,10 @@ class Relay:
         self.config = config or OutrelayConfig()
         if outbox is None:
             outbox = self.config.outbox.url
-        self.outbox = Outbox.open(outbox) if isinstance(outbox, str) else outbox
+        if isinstance(outbox, str):
+            self.outbox = Outbox.open(outbox, max_event_bytes=self.config.outbox.max_event_bytes)
+        else:
+            self.outbox = outbox
         self._owns_outbox = isinstance(outbox, str)
         self.store = self.outbox.store
         self.registry = registry or Registry()
@@ -109,6 +127,8 @@ class Relay:
         self._executor = ThreadPoolExecutor(max_workers=self.store.max_workers, thread_name_prefix="outrelay-store")
         self.workers: dict[str, DestinationWorker] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        cfg = self.config.relay
+        self.budget = ByteBudget(cfg.max_in_flight_bytes, cfg.max_batch_bytes)
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a store call in the store's thread(s)."""
@@ -120,6 +140,7 @@ class Relay:
     def stop(self) -> None:
         """Ask the relay to stop (idempotent; safe from signal handlers)."""
         self.stopping = True
+        self.budget.close()
         if self._route_wake is not None:
             self._route_wake.set()
         for w in self.workers.values():
@@ -159,6 +180,7 @@ class Relay:
         started = time.monotonic()
         self._loop = asyncio.get_running_loop()
         self._route_wake = asyncio.Event()
+        self.budget = ByteBudget(self.config.relay.max_in_flight_bytes, self.config.relay.max_batch_bytes)
         try:
             await self.db(self.store.acquire_relay, self.owner)
         except BaseException:
@@ -181,7 +203,9 @@ class Relay:
             tasks.append(asyncio.create_task(self._retention_loop()))
         if drain:
             tasks.append(asyncio.create_task(self._drain_monitor()))
+        renewer = asyncio.create_task(self._lease_loop(), name="outrelay-leases")
         self.hook.outrelay_relay_started(relay=self)
+        status: list[DestinationStatus] = []
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for t in done:
@@ -192,25 +216,37 @@ class Relay:
             for t in tasks:
                 if not t.done():
                     t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _bounded(asyncio.gather(*tasks, return_exceptions=True), "stopping the relay's loops")
             grace = self.config.relay.shutdown_grace
-            await asyncio.gather(*(w.drain_inflight(grace) for w in self.workers.values()))
-            for w in self.workers.values():
-                try:
-                    await w.transport.close()
-                except Exception as exc:
-                    log.warning("destination %s: close failed: %s", w.name, type(exc).__name__)
+            await asyncio.gather(*(w.drain_inflight(grace, STOP_STEP) for w in self.workers.values()))
+            renewer.cancel()  # after the grace: batches finishing in it keep their leases
+            await asyncio.gather(*(self._close_transport(w) for w in self.workers.values()))
             unsubscribe()
             unlisten()
-            await self.db(self.store.release_relay, self.owner)
-            status = await self.db(self.store.status, list(self.workers), time.time())
+            clean = await _bounded(self._release(), "releasing leases")
+            if clean:
+                with contextlib.suppress(StoreError):  # the summary then lacks pending counts; nothing else
+                    status = await self.db(self.store.status, list(self.workers), time.time())
             self.hook.outrelay_relay_stopped(relay=self)
-            self._executor.shutdown(wait=True)
-            if self._owns_outbox:
+            # a store call stuck in a thread is abandoned: its thread must not hold up the exit
+            self._executor.shutdown(wait=clean, cancel_futures=True)
+            if self._owns_outbox and clean:
                 self.outbox.close()
             gc.set_threshold(*gc_before)
             self._running = False
         return RunSummary({n: dict(w.counts) for n, w in self.workers.items()}, status, time.monotonic() - started)
+
+    async def _close_transport(self, w: DestinationWorker) -> None:
+        try:
+            await _bounded(w.transport.close(), f"closing destination {w.name}")
+        except Exception as exc:
+            log.warning("destination %s: close failed: %s", w.name, type(exc).__name__)
+
+    async def _release(self) -> None:
+        try:
+            await self.db(self.store.release_relay, self.owner)
+        except StoreError as exc:  # the leases expire by themselves; the next relay takes over then
+            log.warning("could not release leases (%s); they expire after relay.lease_seconds", exc)
 
     # -- internal loops ------------------------------------------------------------
 
@@ -240,6 +276,18 @@ class Relay:
             timeout = 0.02 if time.monotonic() < self._fast_poll_until else cfg.poll_interval
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._route_wake.wait(), timeout=timeout)
+
+    async def _lease_loop(self) -> None:
+        """Renew this relay's lane leases while any batch is in flight."""
+        lease = self.config.relay.lease_seconds
+        while True:
+            await asyncio.sleep(lease / 3)
+            if not any(w.inflight for w in self.workers.values()):
+                continue
+            try:
+                await self.db(self.store.renew_leases, self.owner, lease, time.time())
+            except StoreError as exc:  # try again next time; the lease has two more thirds to go
+                log.warning("could not renew leases (%s); retrying in %.1fs", exc, lease / 3)
 
     async def _retention_loop(self) -> None:
         days = self.config.outbox.retention_days
@@ -276,3 +324,16 @@ class Relay:
             if quiet >= 2:
                 self.stop()
                 return
+
+
+async def _bounded(aw: Any, what: str) -> bool:
+    """Await ``aw`` for at most :data:`STOP_STEP` seconds; on expiry cancel it
+    without waiting for it to obey, and return False."""
+    task = asyncio.ensure_future(aw)
+    done, _ = await asyncio.wait({task}, timeout=STOP_STEP)
+    if done:
+        task.result()
+        return True
+    task.cancel()
+    log.warning("%s took longer than %.0fs; abandoned", what, STOP_STEP)
+    return False

@@ -121,7 +121,7 @@ def emit(
         raise ConfigError(f"--data is not valid JSON: {exc}") from None
     labels, meta = _parse_kv(label, "--label"), _parse_kv(metadata, "--metadata")
     src = source or cfg.source or "outrelay"
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with Outbox.open(cfg.outbox.url, max_event_bytes=cfg.outbox.max_event_bytes) as outbox:
         ids: list[str] = []
         for start in range(0, count, 1000):
             batch = []

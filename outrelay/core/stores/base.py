@@ -10,7 +10,8 @@ Data model (every store keeps the same facts):
 * **lanes** — one row per (destination, stream) with pending deliveries.
   ``due_at`` is when the lane may be claimed next: claiming leases it by
   pushing ``due_at`` to now + lease (a crashed relay's lanes become
-  claimable when the lease runs out), settling sets it to now (more work)
+  claimable when the lease runs out; a live relay renews the leases of its
+  batches in flight), settling sets it to now (more work)
   or to a retry time. ``parked`` lanes wait for an operator. Only one
   holder works a lane at a time, which is what keeps per-stream order.
 * **dead_letters** — failed deliveries with event, destination, reason,
@@ -98,9 +99,7 @@ class DestinationStatus:
         ``(delivered, last_error, last_error_at, disabled)`` row, None if it has none yet."""
         delivered, err, err_at, disabled = totals if totals else (0, None, None, None)
         age = None if oldest_created_at is None else max(0.0, now - oldest_created_at)
-        return cls(
-            destination, pending, in_retry, dead_lettered, parked_streams, delivered, age, err, err_at, disabled
-        )
+        return cls(destination, pending, in_retry, dead_lettered, parked_streams, delivered, age, err, err_at, disabled)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -193,11 +192,31 @@ class Store(ABC):
 
     @abstractmethod
     def claim(
-        self, destination: str, *, limit: int, per_lane: int, owner: str, lease_seconds: float, now: float
+        self,
+        destination: str,
+        *,
+        limit: int,
+        per_lane: int,
+        owner: str,
+        lease_seconds: float,
+        now: float,
+        max_bytes: int | None = None,
     ) -> list[Claimed]:
         """Lease due lanes of ``destination`` (earliest due first) and return
         up to ``per_lane`` deliveries of each, in order, ``limit`` in all.
-        Only lanes that contributed a delivery are leased."""
+        Only lanes that contributed a delivery are leased. Lanes ``owner``
+        already holds are never claimed again, even after their ``due_at``
+        passed (their batch is still in flight). With ``max_bytes``, the
+        claim stops before the event data it returns would exceed it (the
+        first delivery always comes, however large), and data beyond that is
+        never read from the database."""
+
+    def renew_leases(self, owner: str, lease_seconds: float, now: float) -> int:
+        """Extend every lane lease ``owner`` holds to ``now + lease_seconds``
+        (the relay calls it while batches are in flight, so a slow send never
+        lets its lanes be claimed again). Returns the number of lanes renewed.
+        Default: nothing renewed (a store without it relies on long leases)."""
+        return 0
 
     @abstractmethod
     def settle(self, destination: str, owner: str, settlements: Sequence[Settlement], now: float) -> None:

@@ -64,9 +64,7 @@ class RelayMixin:
                 return 0  # another relay is routing; it keeps the order
             static = getattr(router, "static_destinations", None)
             cols = "NULL, NULL" if static is not None else "attrs, data"  # no decoding when routes are static
-            cur.execute(
-                f"SELECT seq, stream, {cols} FROM {n.events} WHERE NOT routed ORDER BY seq LIMIT %s", (limit,)
-            )
+            cur.execute(f"SELECT seq, stream, {cols} FROM {n.events} WHERE NOT routed ORDER BY seq LIMIT %s", (limit,))
             rows = cur.fetchall()
             if not rows:
                 return 0
@@ -103,21 +101,31 @@ class RelayMixin:
         return self._run(fn, relaxed=True)
 
     def claim(
-        self, destination: str, *, limit: int, per_lane: int, owner: str, lease_seconds: float, now: float
+        self,
+        destination: str,
+        *,
+        limit: int,
+        per_lane: int,
+        owner: str,
+        lease_seconds: float,
+        now: float,
+        max_bytes: int | None = None,
     ) -> list[Claimed]:
         n = self.n
+        budget = max_bytes if max_bytes is not None else float("inf")
 
         def fn(cur: Cursor) -> list[Claimed]:
             cur.execute(
                 f"SELECT stream FROM {n.lanes} WHERE destination = %s AND NOT parked AND due_at <= %s "
-                "ORDER BY due_at LIMIT %s FOR UPDATE SKIP LOCKED",
-                (destination, now, limit),
+                "AND owner IS DISTINCT FROM %s ORDER BY due_at LIMIT %s FOR UPDATE SKIP LOCKED",
+                (destination, now, owner, limit),
             )
             locked = [r[0] for r in cur.fetchall()]
             if not locked:
                 return []
+            # octet_length reads a TOASTed value's header only: sizes decide before any data is loaded
             cur.execute(
-                "SELECT l.stream, d.id, d.attempts, d.first_attempt_at, e.seq, e.attrs, e.data "
+                "SELECT l.stream, d.id, d.attempts, d.first_attempt_at, e.seq, e.attrs, octet_length(e.data) "
                 "FROM unnest(%s::text[]) WITH ORDINALITY AS l(stream, o) "
                 "CROSS JOIN LATERAL (SELECT id, attempts, first_attempt_at, event_seq "
                 f"  FROM {n.deliveries} WHERE destination = %s AND stream = l.stream ORDER BY id LIMIT %s) d "
@@ -125,20 +133,46 @@ class RelayMixin:
                 (locked, destination, per_lane, limit),
             )
             rows = cur.fetchall()
-            leased = list(dict.fromkeys(r[0] for r in rows))
+            present = {r[0] for r in rows}
+            picked: list[Any] = []
+            size = 0
+            for row in rows:
+                if picked and size + row[6] > budget:
+                    break  # rows come lane by lane in order: what is picked is a prefix of each lane
+                picked.append(row)
+                size += row[6]
+            leased = list(dict.fromkeys(r[0] for r in picked))
             if leased:
                 cur.execute(
                     f"UPDATE {n.lanes} SET owner = %s, due_at = %s WHERE destination = %s AND stream = ANY(%s)",
                     (owner, now + lease_seconds, destination, leased),
                 )
-            if len(rows) < limit and len(leased) < len(locked):
+            empty = [s for s in locked if s not in present]
+            if len(rows) < limit and empty:
                 # a lane whose deliveries are gone (counter drift) would be "due" forever
                 cur.execute(
                     f"DELETE FROM {n.lanes} l WHERE destination = %s AND stream = ANY(%s) AND NOT EXISTS "
                     f"(SELECT 1 FROM {n.deliveries} d WHERE d.destination = l.destination AND d.stream = l.stream)",
-                    (destination, [s for s in locked if s not in set(leased)]),
+                    (destination, empty),
                 )
-            return [Claimed(r[1], self._event(r[4], r[5], r[6]), r[2], r[3]) for r in rows]
+            if not picked:
+                return []
+            cur.execute(f"SELECT seq, data FROM {n.events} WHERE seq = ANY(%s)", ([r[4] for r in picked],))
+            data = dict(cur.fetchall())
+            return [Claimed(r[1], self._event(r[4], r[5], data[r[4]]), r[2], r[3]) for r in picked]
+
+        return self._run(fn, relaxed=True)
+
+    def renew_leases(self, owner: str, lease_seconds: float, now: float) -> int:
+        def fn(cur: Cursor) -> int:
+            lanes = self.n.lanes
+            cur.execute(  # lock in (destination, stream) order like route and settle: no deadlock with them
+                f"UPDATE {lanes} l SET due_at = %s FROM (SELECT destination, stream FROM {lanes} WHERE owner = %s "
+                "ORDER BY destination, stream FOR UPDATE) o WHERE l.destination = o.destination "
+                "AND l.stream = o.stream AND l.owner = %s",
+                (now + lease_seconds, owner, owner),
+            )
+            return cur.rowcount
 
         return self._run(fn, relaxed=True)
 

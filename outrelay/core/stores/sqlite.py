@@ -9,9 +9,11 @@ in its transaction; the relay's bookkeeping uses its own connection.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,8 +26,14 @@ from outrelay.core.errors import EventError, StoreError, StoreLockedError
 from outrelay.core.stores.base import Claimed, Settlement, Store
 from outrelay.core.stores.sqlite_ops import SQLiteOperatorMixin
 from outrelay.core.stores.sqlite_schema import MIGRATIONS
+from outrelay.core.stores.sqlite_watch import CommitWatcher
 
 __all__ = ["SQLiteStore", "path_from_url"]
+
+log = logging.getLogger("outrelay.relay")
+
+#: seconds a statement waits for another writer's lock before failing
+BUSY_TIMEOUT = 30.0
 
 
 def path_from_url(url: str) -> str:
@@ -37,6 +45,25 @@ def path_from_url(url: str) -> str:
     if not path or path == ":memory:":
         raise StoreError("outbox url needs a file path, e.g. sqlite:///outbox.db")
     return path
+
+
+def _busy(db: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
+    """``db.execute`` retried while the database is locked by another writer
+    (every 0.5-5 ms, up to :data:`BUSY_TIMEOUT` seconds, then the error stands)."""
+    deadline = 0.0
+    delay = 0.0005
+    while True:
+        try:
+            return db.execute(sql, args)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            now = time.monotonic()
+            deadline = deadline or now + BUSY_TIMEOUT
+            if now >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.005)
 
 
 class SQLiteStore(SQLiteOperatorMixin, Store):
@@ -55,8 +82,10 @@ class SQLiteStore(SQLiteOperatorMixin, Store):
         self._synchronous = synchronous
         self._lockfile: int | None = None
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            # timeout=0: a busy database raises at once and _busy() retries every ~0.5 ms; SQLite's own
+            # busy handler sleeps 1, 2, 5, 10, 15, 20, 25... ms, which put 50-100 ms into the relay's p99
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=0.0)
+            _busy(self._db, "PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
@@ -82,9 +111,9 @@ class SQLiteStore(SQLiteOperatorMixin, Store):
                 if relaxed:
                     db.execute("PRAGMA synchronous=NORMAL")  # outside the transaction: SQLite ignores it inside
                 try:
-                    db.execute(f"BEGIN {mode}")
+                    _busy(db, f"BEGIN {mode}")
                     yield db
-                    db.execute("COMMIT")
+                    _busy(db, "COMMIT")
                 except BaseException:
                     if db.in_transaction:
                         db.execute("ROLLBACK")
@@ -98,7 +127,7 @@ class SQLiteStore(SQLiteOperatorMixin, Store):
     def _q(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
             try:
-                return self._db.execute(sql, args).fetchall()
+                return _busy(self._db, sql, args).fetchall()
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
 
@@ -171,13 +200,26 @@ class SQLiteStore(SQLiteOperatorMixin, Store):
             raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
         return [e.with_sequence(s) for e, s in zip(events, seqs, strict=True)]
 
+    def listen(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback("appended")`` from a thread within milliseconds of another
+        process committing an append (see :mod:`.sqlite_watch`); returns the stop function."""
+        try:
+            watcher = CommitWatcher(self.path, callback)
+        except (sqlite3.Error, OSError) as exc:  # polling still works: a degraded relay, not a dead one
+            log.warning("SQLite outbox %r: no cross-process wake-ups (%s); polling only", self.path, exc)
+            return lambda: None
+        return watcher.stop
+
     # -- relay side -------------------------------------------------------------
 
     def acquire_relay(self, owner: str) -> None:
         import fcntl
 
         lock_path = self.path + ".relay-lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot create the relay lock file {lock_path!r}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -187,8 +229,14 @@ class SQLiteStore(SQLiteOperatorMixin, Store):
                 f"another relay (pid {other}) is running on the SQLite outbox {self.path!r}; "
                 "SQLite serves one relay process — stop the other one, or use PostgreSQL for several"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError as exc:  # e.g. ENOSPC: one clear line, not a traceback
+            os.close(fd)
+            raise StoreError(
+                f"cannot write the relay lock file {lock_path!r}: {exc.strerror}; free disk space or fix permissions"
+            ) from None
         self._lockfile = fd
         with self._tx() as db:  # whatever a crashed predecessor leased is free again
             db.execute(
@@ -256,26 +304,36 @@ class SQLiteStore(SQLiteOperatorMixin, Store):
         return int(count)
 
     def claim(
-        self, destination: str, *, limit: int, per_lane: int, owner: str, lease_seconds: float, now: float
+        self,
+        destination: str,
+        *,
+        limit: int,
+        per_lane: int,
+        owner: str,
+        lease_seconds: float,
+        now: float,
+        max_bytes: int | None = None,
     ) -> list[Claimed]:
-        decode, loads = Event.from_attributes, orjson.loads
+        budget = max_bytes if max_bytes is not None else float("inf")
         with self._tx(relaxed=True) as db:
             streams = [
                 r[0]
                 for r in db.execute(
                     "SELECT stream FROM outrelay_lanes WHERE destination = ? AND parked = 0 AND due_at <= ? "
-                    "ORDER BY due_at LIMIT ?",
-                    (destination, now, limit),
+                    "AND (owner IS NULL OR owner <> ?) ORDER BY due_at LIMIT ?",
+                    (destination, now, owner, limit),
                 )
             ]
-            out: list[Claimed] = []
+            picked: list[tuple[int, int, float | None, int, bytes]] = []  # id, attempts, first, seq, attrs
             leased: list[str] = []
+            size = 0
             for stream in streams:
-                room = min(per_lane, limit - len(out))
-                if room <= 0:
+                room = min(per_lane, limit - len(picked))
+                if room <= 0 or size >= budget:
                     break
+                # length(data) reads the blob's header only: sizes decide before any data is loaded
                 rows = db.execute(
-                    "SELECT d.id, d.attempts, d.first_attempt_at, e.seq, e.attrs, e.data "
+                    "SELECT d.id, d.attempts, d.first_attempt_at, e.seq, e.attrs, length(e.data) "
                     "FROM outrelay_deliveries d JOIN outrelay_events e ON e.seq = d.event_seq "
                     "WHERE d.destination = ? AND d.stream = ? ORDER BY d.id LIMIT ?",
                     (destination, stream, room),
@@ -283,16 +341,40 @@ class SQLiteStore(SQLiteOperatorMixin, Store):
                 if not rows:  # an empty lane must not occupy the head of the queue
                     db.execute("DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ?", (destination, stream))
                     continue
-                leased.append(stream)
-                out += [
-                    Claimed(d_id, decode(loads(attrs), data, seq), attempts, first)
-                    for d_id, attempts, first, seq, attrs, data in rows
-                ]
+                taken = 0
+                for row in rows:
+                    if picked and size + row[5] > budget:
+                        break  # a lane prefix only: later rows of this lane wait too
+                    picked.append(row[:5])
+                    size += row[5]
+                    taken += 1
+                if taken:
+                    leased.append(stream)
             db.executemany(
                 "UPDATE outrelay_lanes SET owner = ?, due_at = ? WHERE destination = ? AND stream = ?",
                 [(owner, now + lease_seconds, destination, s) for s in leased],
             )
-            return out
+            data = self._data(db, [p[3] for p in picked])
+        decode, loads = Event.from_attributes, orjson.loads
+        return [
+            Claimed(d_id, decode(loads(attrs), data[seq], seq), attempts, first)
+            for d_id, attempts, first, seq, attrs in picked
+        ]
+
+    @staticmethod
+    def _data(db: sqlite3.Connection, seqs: list[int]) -> dict[int, bytes]:
+        out: dict[int, bytes] = {}
+        for lo in range(0, len(seqs), 500):  # under SQLite's bound-variable limit
+            chunk = seqs[lo : lo + 500]
+            marks = ",".join("?" * len(chunk))
+            out.update(db.execute(f"SELECT seq, data FROM outrelay_events WHERE seq IN ({marks})", chunk).fetchall())
+        return out
+
+    def renew_leases(self, owner: str, lease_seconds: float, now: float) -> int:
+        with self._tx(relaxed=True) as db:
+            return db.execute(
+                "UPDATE outrelay_lanes SET due_at = ? WHERE owner = ?", (now + lease_seconds, owner)
+            ).rowcount
 
     def settle(self, destination: str, owner: str, settlements: Sequence[Settlement], now: float) -> None:
         lanes: dict[str, tuple[float, bool, int]] = {}  # stream -> (due_at, parked, removed)
