@@ -5,7 +5,8 @@ per-stream index carried in the data, this member's name, and monotonic
 start/end times (CLOCK_MONOTONIC is system-wide on Linux, so members in
 different processes can be compared). With ``app_db`` the handler records
 its effect and the inbox row in one SQLite transaction; ``crash_on`` makes
-it die (``os._exit``) right after committing that event, before the ack.
+the member that commits that event die (``os._exit``) right after the
+commit, before the ack (a member that finds it already handled does not).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class Recorder:
             "skipped": skipped,
         }
         self._out.write(orjson.dumps(doc) + b"\n")
-        if event.id == self.crash_on:
+        if event.id == self.crash_on and not skipped:  # the member that committed it dies before the ack
             await self.on_crash()
 
     def _apply(self, event: Event) -> bool:

@@ -129,7 +129,7 @@ class Harness:
                        "--prefetch", str(prefetch)]  # fmt: skip
                 if app_db is not None:
                     cmd += ["--app-db", str(app_db)]
-                if crash_on is not None and m is made[0]:
+                if crash_on is not None:
                     cmd += ["--crash-on", crash_on]
                 env = {**os.environ, "PYTHONPATH": str(ROOT)}
                 m.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, env=env)  # noqa: ASYNC220 - a quick fork
@@ -137,8 +137,7 @@ class Harness:
         else:
             for m in made:
                 m.bus = self.bus(m.name)
-                crash = crash_on if m is made[0] else None
-                rec = Recorder(m.out, m.name, delay=delay, app_db=app_db, crash_on=crash, on_crash=_hang(m))
+                rec = Recorder(m.out, m.name, delay=delay, app_db=app_db, crash_on=crash_on, on_crash=_hang(m))
                 m.recorder = rec
                 m.sub = await m.bus.subscribe(rec, group=group, name=m.name, prefetch=prefetch)
         return made

@@ -12,6 +12,9 @@ one of its XADDs failed; ``batching = "pipeline"`` uses pipelined waves
 instead (no scripting permission needed). Both keep ``ordered_batches``
 honest; see :mod:`outrelay.transports.redis._batch`.
 
+Subscriptions (consumer groups with a per-stream gate, and fan-out) are in
+:mod:`outrelay.transports.redis._subscriber`.
+
 Dedupe: on Redis >= 8.6 (detected at open) ``XADD ... IDMP producer_id
 event_id`` makes a re-sent event a no-op and ``native_dedupe`` is declared;
 on older servers there is no native dedupe. Capabilities are therefore only
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -57,6 +60,9 @@ from outrelay.core.transport import (
 from outrelay.transports.redis._batch import HELD, XADD_SCRIPT, Entry, send_pipelined, send_scripted
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._errors import describe, map_redis_errors
+
+if TYPE_CHECKING:
+    from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 
 __all__ = ["RedisConfig", "RedisTransport", "connect", "encode"]
 
@@ -126,6 +132,7 @@ class RedisTransport(Transport):
             max_message_bytes=self.cfg.max_message_bytes,
             cloudevents_modes=("binary", "structured"),
             reader=True,
+            subscriptions=True,
         )
 
     def target(self, event: Event) -> str:
@@ -279,3 +286,13 @@ class RedisTransport(Transport):
         from outrelay.transports.redis._reader import RedisReader
 
         return RedisReader(self.cfg, target, **options)
+
+    def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
+        """A consumer-group or fan-out backend of ``spec.target`` (``""``: the fixed ``stream`` key);
+        see :mod:`outrelay.transports.redis._subscriber`.
+
+        :raises PermanentError: ``spec.target`` is empty and ``stream`` is a template.
+        """
+        from outrelay.transports.redis._subscriber import subscription
+
+        return subscription(self.cfg, spec, destination=self.destination)
