@@ -25,9 +25,11 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator
 
+from outrelay.core.errors import PermanentError
+from outrelay.core.templates import Template
 from outrelay.core.transport import TransportConfig
 
-__all__ = ["RabbitMQConfig", "bad_names", "mask_url", "split_target"]
+__all__ = ["RabbitMQConfig", "bad_names", "binding_pattern", "mask_url", "split_target", "subscription_target"]
 
 _EXCHANGE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{0,255}$")
 _PLACEHOLDER = re.compile(r"\{[a-z]+\}")
@@ -80,6 +82,13 @@ class RabbitMQConfig(TransportConfig):
         "waiting for each confirm; false = strictly one unconfirmed message per stream",
     )
     connect_timeout: float = Field(5.0, gt=0, le=60)
+    group_shards: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="subscriptions: shard queues per consumer group, spread over its members (needs the "
+        "rabbitmq_consistent_hash_exchange plugin); 1 = one single-active-consumer queue (no plugin, no load sharing)",
+    )
     max_message_bytes: int = Field(8 * 1024 * 1024, ge=1, le=512 * 1024 * 1024)
     tls: bool = False
     tls_ca_file: str | None = None
@@ -143,3 +152,53 @@ class RabbitMQConfig(TransportConfig):
         if self.tls_cert_file:
             ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
         return ctx
+
+
+def subscription_target(cfg: RabbitMQConfig, target: str, destination: str) -> tuple[str, str]:
+    """``(exchange, binding key)`` of a subscription to ``target`` (``""``: derived from the destination's
+    templates, see :mod:`outrelay.transports.rabbitmq._subscriber`).
+
+    :raises PermanentError: the target cannot be consumed; the message names the option and the fix.
+    """
+    where = f"destinations.{destination}"
+    fix = 'or subscribe with an explicit target "exchange/binding-key"'
+    if target:
+        exchange, binding_key = split_target(target)
+    else:
+        if not Template(cfg.exchange).is_static:
+            raise PermanentError(
+                f"{where}.exchange {cfg.exchange!r} is a template and a subscription cannot consume a "
+                f"pattern of exchanges: use a fixed exchange, {fix}",
+                destination=destination,
+            )
+        exchange, binding_key = cfg.exchange, binding_pattern(cfg.routing_key)
+        if binding_key != cfg.routing_key and cfg.exchange_type in ("direct", "headers"):
+            raise PermanentError(
+                f"{where}.routing_key {cfg.routing_key!r} has placeholders and a {cfg.exchange_type} "
+                f'exchange cannot match a pattern: set a fixed routing_key, use exchange_type = "topic", {fix}',
+                destination=destination,
+            )
+    if not exchange:
+        raise PermanentError(
+            f"{where}: subscription target {target or cfg.exchange + '/'!r} is on the default exchange, "
+            "which cannot be bound: publish to a named exchange (option exchange)",
+            destination=destination,
+        )
+    invalid = bad_names(exchange, binding_key)
+    if invalid is not None or "{" in exchange:
+        raise PermanentError(f"{where}: subscription target {target!r}: {invalid or 'a template'}",
+                             destination=destination)  # fmt: skip
+    return exchange, binding_key
+
+
+def binding_pattern(routing_key: str) -> str:
+    """A topic binding key matching every key ``routing_key`` (a Template) renders: each dot-separated
+    word holding a placeholder becomes ``#`` (a value such as a type may itself contain dots)."""
+    words: list[str] = []
+    for word in routing_key.split("."):
+        if "{" in word.replace("{{", "").replace("}}", ""):
+            if words and words[-1] == "#":
+                continue  # "#.#" matches what "#" does
+            word = "#"
+        words.append(word.replace("{{", "{").replace("}}", "}"))
+    return ".".join(words)

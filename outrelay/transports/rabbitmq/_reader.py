@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 import aio_pika.abc
@@ -23,11 +24,28 @@ from outrelay.core.transport import Reader, Received
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, split_target
 from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, mapped
 
-__all__ = ["RabbitMQReader"]
+__all__ = ["RabbitMQReader", "decode"]
 
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else str(value)
+
+
+def decode(
+    headers: Mapping[str, Any] | None,
+    body: bytes,
+    content_type: str | None,
+    exchange: str | None,
+    routing_key: str | None,
+) -> Received:
+    """A delivered message rebuilt from its ``cloudEvents_*`` headers (shared with the subscriber).
+
+    :raises EventError: (or another ValueError) the message is not an outrelay CloudEvent.
+    """
+    text = {k: _text(v) for k, v in (headers or {}).items()}
+    event = cloudevents.from_binary(text, body, content_type=content_type, prefix="cloudEvents_")
+    target = f"{exchange or ''}/{routing_key or ''}"
+    return Received(event, target, text.get("cloudEvents_partitionkey"), text, bytes(body), content_type)
 
 
 class RabbitMQReader(Reader):
@@ -83,11 +101,7 @@ class RabbitMQReader(Reader):
                     msg = await asyncio.wait_for(self._inbox.get(), left)
                 except TimeoutError:
                     break
-            headers = {k: _text(v) for k, v in (msg.headers or {}).items()}
-            event = cloudevents.from_binary(headers, msg.body, content_type=msg.content_type, prefix="cloudEvents_")
-            key = headers.get("cloudEvents_partitionkey")
-            target = f"{msg.exchange or ''}/{msg.routing_key or ''}"
-            out.append(Received(event, target, key, headers, bytes(msg.body), msg.content_type))
+            out.append(decode(msg.headers, msg.body, msg.content_type, msg.exchange, msg.routing_key))
             with mapped("cannot ack", self.destination, self.cfg.secrets()):
                 await msg.ack()
         return out

@@ -31,6 +31,9 @@ publish to it would close the publishing channel) and reported retryable,
 with how to fix it. Connection or channel loss is retryable; the next send
 reconnects. RabbitMQ has no broker-side dedupe: ``native_dedupe`` is false
 (consumers dedupe on ``message_id``).
+
+Subscriptions (consumer groups on shard queues or a single-active-consumer
+queue, fan-out on exclusive queues): :mod:`outrelay.transports.rabbitmq._subscriber`.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import aio_pika.abc
@@ -61,8 +64,11 @@ from outrelay.core.transport import (
     send_in_key_order,
     send_pipelined,
 )
-from outrelay.transports.rabbitmq._config import RabbitMQConfig, bad_names, split_target
+from outrelay.transports.rabbitmq._config import RabbitMQConfig, bad_names, split_target, subscription_target
 from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, classify, mapped, result_for
+
+if TYPE_CHECKING:
+    from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 
 __all__ = ["HEADER_PREFIX", "RabbitMQConfig", "RabbitMQTransport", "connect"]
 
@@ -70,12 +76,18 @@ log = logging.getLogger("outrelay.transports.rabbitmq")
 HEADER_PREFIX = "cloudEvents_"
 
 
-async def connect(cfg: RabbitMQConfig, destination: str, name: str = "outrelay") -> aio_pika.abc.AbstractConnection:
+async def connect(
+    cfg: RabbitMQConfig, destination: str, name: str = "outrelay", *, heartbeat: int | None = None
+) -> aio_pika.abc.AbstractConnection:
     """One (non-robust) connection; reconnecting is the transport's job.
+
+    ``heartbeat`` (seconds) overrides the negotiated heartbeat: the broker
+    drops a silent peer (and requeues its unacked messages) after about that long.
 
     :raises RetryableError: broker unreachable within ``connect_timeout``.
     :raises PermanentError: authentication or vhost refused.
     """
+    extra: dict[str, Any] = {"heartbeat": heartbeat} if heartbeat else {}
     with mapped(f"cannot connect to {cfg.where}", destination, cfg.secrets()):
         return await asyncio.wait_for(
             aio_pika.connect(
@@ -83,6 +95,7 @@ async def connect(cfg: RabbitMQConfig, destination: str, name: str = "outrelay")
                 ssl_context=cfg.ssl_context(),
                 timeout=cfg.connect_timeout,
                 client_properties={"connection_name": f"{name} ({destination})"},
+                **extra,
             ),
             timeout=cfg.connect_timeout + 1.0,
         )
@@ -117,6 +130,7 @@ class RabbitMQTransport(Transport):
             max_message_bytes=self.cfg.max_message_bytes,
             cloudevents_modes=("binary",),
             reader=True,
+            subscriptions=True,
         )
 
     def target(self, event: Event) -> str:
@@ -347,3 +361,16 @@ class RabbitMQTransport(Transport):
         from outrelay.transports.rabbitmq._reader import RabbitMQReader
 
         return RabbitMQReader(self.cfg, target, destination=self.destination, **options)
+
+    def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
+        """A consumer group or fan-out subscriber (see :mod:`outrelay.transports.rabbitmq._subscriber`).
+
+        :raises PermanentError: the target cannot be consumed (a templated exchange, a pattern on a
+            direct/headers exchange, the default exchange); the message names the option and the fix.
+        """
+        from outrelay.transports.rabbitmq._subscriber import RabbitMQSubscription
+
+        exchange, binding_key = subscription_target(self.cfg, spec.target, self.destination)
+        return RabbitMQSubscription(
+            self.cfg, spec, exchange=exchange, binding_key=binding_key, destination=self.destination
+        )
