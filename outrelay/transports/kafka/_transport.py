@@ -21,6 +21,9 @@ than ``{stream}``. With ``{type}``-style templates one stream can span
 topics that are written concurrently, so ``ordered_batches`` is declared
 false and the relay sends one event per stream per batch instead.
 
+Consuming: ``subscription()`` gives consumer groups and fan-out
+(:mod:`outrelay.transports.kafka._subscriber`), ``reader()`` a plain reader.
+
 Not deduplicated by event id (``native_dedupe`` false): the idempotent
 producer only drops its own retries within one producer session.
 
@@ -44,6 +47,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
 from outrelay.core.errors import PermanentError, UsageError
+from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 from outrelay.core.templates import Template
 from outrelay.core.tls import certificate_refused, tls_hint
 from outrelay.core.transport import (
@@ -147,6 +151,7 @@ class KafkaTransport(Transport):
             max_message_bytes=self.cfg.max_message_bytes,
             cloudevents_modes=("binary", "structured"),
             reader=True,
+            subscriptions=True,
         )
 
     def target(self, event: Event) -> str:
@@ -330,3 +335,10 @@ class KafkaTransport(Transport):
         from outrelay.transports.kafka._reader import KafkaReader
 
         return KafkaReader(self.cfg, target, **options)
+
+    def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
+        """A consumer-group (or fan-out) backend for ``spec``; ``spec.target == ""`` means this
+        destination's topic. :raises PermanentError: see :func:`~._subscriber.subscription_for`."""
+        from outrelay.transports.kafka._subscriber import subscription_for
+
+        return subscription_for(self.cfg, spec, destination=self.destination)

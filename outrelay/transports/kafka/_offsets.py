@@ -1,0 +1,57 @@
+"""Per-partition bookkeeping of a Kafka group member: what was handed out, what is acked, what to commit.
+
+Acks come back out of order across streams that share a partition, but a
+Kafka commit is one offset per partition ("everything before this is
+done"). :class:`PartitionTrack` therefore commits only the contiguous
+handled prefix: the offset after the last record whose predecessors (as
+handed out) are all acked.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+__all__ = ["PartitionTrack"]
+
+
+class PartitionTrack:
+    """Offsets of one assigned partition, for one assignment (a rebalance makes a new track).
+
+    ``commit_to`` is the next offset to read after the handled prefix (what
+    to commit), ``None`` until known; ``committed`` what was last committed.
+    """
+
+    __slots__ = ("_acked", "_pending", "commit_to", "committed", "live")
+
+    def __init__(self) -> None:
+        self._pending: deque[int] = deque()
+        self._acked: set[int] = set()
+        self.commit_to: int | None = None
+        self.committed: int | None = None
+        #: False once the partition was revoked or the member stopped: late acks are ignored
+        self.live = True
+
+    def hand(self, offset: int) -> None:
+        """Record that the record at ``offset`` was handed out (offsets arrive in increasing order)."""
+        self._pending.append(offset)
+
+    def ack(self, offset: int) -> bool:
+        """Mark ``offset`` handled; True when it was outstanding (a repeated or stale ack is ignored)."""
+        if not self.live or offset in self._acked or not self._pending or offset < self._pending[0]:
+            return False
+        self._acked.add(offset)
+        while self._pending and self._pending[0] in self._acked:
+            done = self._pending.popleft()
+            self._acked.discard(done)
+            self.commit_to = done + 1
+        return True
+
+    @property
+    def outstanding(self) -> int:
+        """Records handed out and not acked yet."""
+        return len(self._pending) - len(self._acked)
+
+    @property
+    def dirty(self) -> bool:
+        """There is a handled prefix (or a resolved start position) not committed yet."""
+        return self.commit_to is not None and self.commit_to != self.committed

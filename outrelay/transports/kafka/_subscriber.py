@@ -1,0 +1,354 @@
+"""Subscriptions of the ``kafka`` transport: an aiokafka consumer group, or every partition for fan-out.
+
+On the broker: a **group** subscription is one ``AIOKafkaConsumer`` with
+``group_id = spec.group`` subscribed to the topic; the broker's group
+coordinator assigns partitions and keeps the committed offsets (the group's
+position). Nothing else is stored anywhere.
+
+Order across members: the transport keys every record by its stream, so a
+stream lives in one partition, and a partition belongs to one member at a
+time. A member hands out a partition's records in offset order; acks may
+come back out of order across the streams of one partition, so it commits
+per partition only the contiguous handled prefix (see ``_offsets.py``),
+shortly after the acks (coalesced, every ~0.2 s) and at every rebalance and
+stop. On a rebalance (``on_partitions_revoked``, which aiokafka awaits
+before re-joining) the member stops handing out records of the revoked
+partitions, waits up to ``claim_timeout`` for the ones it handed out to be
+acked, then commits: the next owner starts after them and never handles a
+record while this member still does — unless a handler outlives
+``claim_timeout``, and then the group stays at least once, not exclusive.
+
+A member that stops leaves the group at once (``LeaveGroup``): its
+partitions move at the next rebalance, from the last committed offsets, so
+its unacked records are handed again. A member that dies (or loses the
+broker) is dropped when its session expires: ``claim_timeout`` is the
+session timeout (heartbeats every third of it). Stock Kafka accepts
+sessions of 6 s to 30 min (``group.min/max.session.timeout.ms``); a
+``claim_timeout`` outside the broker's range fails ``start`` permanently.
+Records a dead member had acked but not yet committed (its last ~0.2 s) are
+handed again too: at least once, the inbox makes it exactly-once.
+
+A new group starts at the end of the topic (``from_beginning``: at its
+beginning); ``start`` returns after the member got its assignment, resolved
+its positions and committed them, so the group's position is pinned even if
+every member stops right away.
+
+**Fan-out** (no group): the consumer assigns itself every partition that
+exists at ``start`` and seeks to their end; it commits nothing, and a
+subscriber that stops loses its place. ``ack`` does nothing.
+
+Records that are not outrelay CloudEvents come back as ``Inbound(received=None,
+error=...)`` and take part in the offset bookkeeping like any other: ack
+them once dead-lettered. ``delivery_count`` is always 1 (Kafka does not
+count deliveries).
+
+:raises RetryableError: from ``start`` when the broker is unreachable; from
+    ``receive`` when an idle receive finds no broker reachable (aiokafka
+    reconnects by itself; the next ``receive`` resumes).
+:raises PermanentError: the topic is a template (subscribe to one rendered
+    topic instead), an illegal name, not authorized, or ``claim_timeout`` is
+    outside the broker's session range.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import errors as ke
+
+from outrelay.core.errors import PermanentError, RetryableError
+from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
+from outrelay.core.templates import Template
+from outrelay.transports.kafka._config import TOPIC_RE, KafkaConfig
+from outrelay.transports.kafka._errors import describe, map_kafka_errors
+from outrelay.transports.kafka._offsets import PartitionTrack
+from outrelay.transports.kafka._reader import decode
+
+__all__ = ["KafkaSubscription", "subscription_for"]
+
+log = logging.getLogger(__name__)
+
+COMMIT_DELAY = 0.2  # seconds acks wait to be committed together: one OffsetCommit per burst, not per record
+_PROBE_EVERY = 1.0  # at most one reachability probe per second of idle receives
+
+
+def subscription_for(cfg: KafkaConfig, spec: SubscriptionSpec, *, destination: str) -> KafkaSubscription:
+    """The backend for ``spec``; ``spec.target == ""`` means the destination's (static) topic.
+
+    :raises PermanentError: the topic is a template — Kafka could consume a
+        pattern, but one stream's events may then span topics and their order
+        would not hold, so name one rendered topic as the target — or the target
+        is not a legal topic name.
+    """
+    target = spec.target
+    if not target:
+        if not Template(cfg.topic, where=f"destinations.{destination}.topic").is_static:
+            raise PermanentError(
+                f"kafka destination {destination!r}: topic {cfg.topic!r} is a template; subscribe to one "
+                "rendered topic (SubscriptionSpec target='<topic>'): a pattern subscription would not keep "
+                "one stream's events in order across topics",
+                destination=destination,
+            )
+        target = cfg.topic
+    if not TOPIC_RE.match(target):
+        raise PermanentError(
+            f"kafka destination {destination!r}: cannot subscribe to {target!r}: not a Kafka topic name "
+            "(letters, digits, '.', '_', '-'; at most 249)",
+            destination=destination,
+        )
+    return KafkaSubscription(cfg, dataclasses.replace(spec, target=target), destination=destination)
+
+
+class KafkaSubscription(SubscriptionBackend):
+    """See the module docstring."""
+
+    def __init__(self, cfg: KafkaConfig, spec: SubscriptionSpec, *, destination: str = "kafka") -> None:
+        super().__init__(spec)
+        self.cfg = cfg
+        self.destination = destination
+        self._where = f"kafka subscription to {spec.target!r}" + (f" (group {spec.group!r})" if spec.group else "")
+        self._consumer: AIOKafkaConsumer | None = None
+        self._tracks: dict[TopicPartition, PartitionTrack] = {}
+        self._assigned = asyncio.Event()
+        self._acked = asyncio.Event()  # set on every ack: wakes revocation and a full prefetch window
+        self._unacked = 0
+        self._flush: asyncio.Task[None] | None = None
+        self._last_probe = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from outrelay.transports.kafka._transport import client_options
+
+        spec, cfg, group = self.spec, self.cfg, self.spec.group
+        session_ms = int(spec.claim_timeout * 1000)
+        options: dict[str, Any] = {
+            **client_options(cfg),
+            "client_id": f"{cfg.client_id}-{spec.member}",
+            "group_id": group,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest" if spec.from_beginning else "latest",
+            "max_poll_records": max(1, spec.prefetch),
+        }
+        if group is not None:
+            options.update(
+                session_timeout_ms=session_ms,
+                heartbeat_interval_ms=max(100, session_ms // 3),
+                # the broker waits this long for a member's re-join: revocation may wait claim_timeout for acks
+                rebalance_timeout_ms=2 * session_ms + 5000,
+                request_timeout_ms=max(options["request_timeout_ms"], session_ms + 5000),
+            )
+        # a restarted backend starts from scratch: a fresh assignment, nothing outstanding
+        self._assigned.clear()
+        self._tracks, self._unacked = {}, 0
+        with map_kafka_errors(f"subscribe to {spec.target!r} on {','.join(cfg.servers)}", self.destination):
+            consumer = AIOKafkaConsumer(**options)
+            try:
+                await asyncio.wait_for(consumer.start(), cfg.connect_timeout)
+                # metadata first: auto-creates the topic where the broker allows, fails fast where not
+                parts = await asyncio.wait_for(consumer._client._wait_on_metadata(spec.target), cfg.connect_timeout)
+                if group is None:
+                    assigned = [TopicPartition(spec.target, p) for p in sorted(parts)]
+                    consumer.assign(assigned)
+                    if spec.from_beginning:
+                        await consumer.seek_to_beginning(*assigned)
+                    else:
+                        await consumer.seek_to_end(*assigned)
+                    for tp in assigned:
+                        await consumer.position(tp)
+                else:
+                    consumer.subscribe([spec.target], listener=_Listener(self))
+                    self._consumer = consumer
+                    # joining may wait out a departed member's session and a rebalance round
+                    await self._join(consumer, cfg.connect_timeout + 2 * spec.claim_timeout + 10)
+            except ke.InvalidSessionTimeoutError as exc:
+                await consumer.stop()
+                self._consumer = None
+                raise PermanentError(
+                    f"{self._where}: the broker refuses claim_timeout={spec.claim_timeout:g} s as a session timeout "
+                    "(stock Kafka: 6-1800 s, group.min/max.session.timeout.ms); choose one in the broker's range",
+                    destination=self.destination,
+                ) from exc
+            except BaseException:
+                await consumer.stop()
+                self._consumer = None
+                raise
+        self._consumer = consumer
+
+    async def _join(self, consumer: AIOKafkaConsumer, budget: float) -> None:
+        """Wait for an assignment, resolve its positions and commit them (the group's position is pinned)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise RetryableError(f"{self._where}: no group assignment within {budget:.0f} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._assigned.wait(), left)
+            if not self._assigned.is_set():
+                continue
+            tracks = dict(self._tracks)
+            for tp, track in tracks.items():
+                position = await asyncio.wait_for(consumer.position(tp), max(0.1, deadline - loop.time()))
+                if track.commit_to is None:
+                    track.commit_to = position
+            try:
+                await self._commit(tracks)
+                return
+            except (ke.CommitFailedError, ke.RebalanceInProgressError, ke.IllegalGenerationError):
+                continue  # a rebalance overtook us: the revocation committed what we resolved; join again
+
+    async def stop(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is None:
+            return
+        tracks, self._tracks = self._tracks, {}
+        for track in tracks.values():
+            track.live = False
+        if self._flush is not None:
+            self._flush.cancel()
+        try:
+            if self.spec.group is not None:
+                with contextlib.suppress(Exception):  # best effort: uncommitted records are redelivered
+                    await asyncio.wait_for(self._commit(tracks, consumer), self.cfg.request_timeout)
+        finally:
+            with contextlib.suppress(Exception):  # stopping: nothing useful to report
+                await asyncio.wait_for(consumer.stop(), self.cfg.request_timeout)
+
+    # -- receiving ---------------------------------------------------------------------------------
+
+    async def receive(self, max_messages: int, timeout: float) -> list[Inbound]:
+        consumer = self._consumer
+        if consumer is None:
+            return []
+        current = consumer  # a stop() during getmany ends the loop
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        out: list[Inbound] = []
+        grouped = self.spec.group is not None
+        with map_kafka_errors(f"consume {self.spec.target!r}", self.destination):
+            while not out and self._consumer is current:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                room = min(max_messages, self.spec.prefetch - self._unacked) if grouped else max_messages
+                if room <= 0:  # the prefetch window is full: wait for an ack
+                    self._acked.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._acked.wait(), left)
+                    continue
+                batches = await consumer.getmany(timeout_ms=int(min(left, 0.5) * 1000), max_records=room)
+                for tp, records in batches.items():
+                    track = self._tracks.get(tp) if grouped else None
+                    if grouped and (track is None or not track.live):
+                        continue  # revoked meanwhile: the next owner reads them from the committed offset
+                    for r in records:
+                        out.append(self._inbound(r, tp, track))
+            if not out and timeout > 0:
+                await self._probe(consumer)
+        return out
+
+    def _inbound(self, record: Any, tp: TopicPartition, track: PartitionTrack | None) -> Inbound:
+        key = record.key.decode("utf-8", "replace") if record.key is not None else ""
+        broker_id = f"{tp.topic}[{tp.partition}]@{record.offset}"
+        try:
+            received = decode(record.topic, record.key, record.value, record.headers)
+            inbound = Inbound(received=received, stream=received.event.stream, broker_id=broker_id)
+        except Exception as exc:  # whatever the decoder finds wrong, the runtime dead-letters it
+            error = f"not an outrelay CloudEvent at {broker_id}: {type(exc).__name__}: {str(exc)[:200]}"
+            inbound = Inbound(received=None, stream=key, error=error, broker_id=broker_id)
+        if track is not None:
+            track.hand(record.offset)
+            self._unacked += 1
+            offset = record.offset
+
+            async def ack() -> None:
+                self._ack(track, offset)
+
+            inbound.ack = ack
+        return inbound
+
+    def _ack(self, track: PartitionTrack, offset: int) -> None:
+        if not track.ack(offset):
+            return
+        self._unacked -= 1
+        self._acked.set()
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.get_running_loop().create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(COMMIT_DELAY)
+        try:
+            await self._commit(self._tracks)
+        except Exception as exc:  # a rebalance or a broker hiccup: revocation or the next flush commits
+            log.debug("%s: deferred commit failed: %s", self._where, describe(exc))
+
+    async def _probe(self, consumer: AIOKafkaConsumer) -> None:
+        """aiokafka retries a lost broker silently; after an idle receive, ask whether one answers."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_probe < _PROBE_EVERY:
+            return
+        self._last_probe = loop.time()
+        try:
+            await asyncio.wait_for(consumer.topics(), self.cfg.connect_timeout)
+        except Exception as exc:
+            raise RetryableError(
+                f"{self._where}: no broker of {','.join(self.cfg.servers)} answers ({describe(exc)}); "
+                "the next receive reconnects",
+                destination=self.destination,
+            ) from exc
+
+    # -- commits and rebalances --------------------------------------------------------------------
+
+    async def _commit(self, tracks: dict[TopicPartition, PartitionTrack], consumer: Any = None) -> None:
+        consumer = consumer or self._consumer
+        todo = {tp: t.commit_to for tp, t in tracks.items() if t.dirty}
+        if consumer is None or not todo:
+            return
+        await consumer.commit(todo)
+        for tp, offset in todo.items():
+            tracks[tp].committed = offset
+
+    async def _revoked(self, revoked: set[TopicPartition]) -> None:
+        self._assigned.clear()
+        tracks = {tp: t for tp, t in self._tracks.items() if tp in revoked}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.spec.claim_timeout
+        while any(t.outstanding for t in tracks.values()) and (left := deadline - loop.time()) > 0:
+            self._acked.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._acked.wait(), left)
+        for tp, track in tracks.items():
+            track.live = False
+            self._unacked -= track.outstanding
+            self._tracks.pop(tp, None)
+        late = sum(t.outstanding for t in tracks.values())
+        if late:
+            log.warning("%s: %d record(s) not acked within claim_timeout; the next owner gets them", self._where, late)
+        try:
+            await self._commit(tracks)
+        except Exception as exc:  # the next owner starts from the previous commit: at least once
+            log.warning("%s: commit at rebalance failed: %s", self._where, describe(exc))
+
+    def _assigned_now(self, assigned: set[TopicPartition]) -> None:
+        for tp in assigned:
+            self._tracks[tp] = PartitionTrack()
+        self._assigned.set()
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """aiokafka awaits these around every rebalance (eager protocol: all partitions are revoked)."""
+
+    def __init__(self, sub: KafkaSubscription) -> None:
+        self._sub = sub
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._sub._revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._sub._assigned_now(set(assigned))
