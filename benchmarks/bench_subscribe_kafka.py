@@ -30,6 +30,7 @@ import subprocess
 import time
 import uuid
 
+from _bus import bus_consume
 from _ratio import ratio, raw_line
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -142,6 +143,7 @@ async def main() -> None:
             n = args.count
             t_raw = await raw(bootstrap, topic, n, args.batch)
             t_sub = await backend(t, topic, n, args.batch)
+            t_bus = await bus_consume(t, n, target=topic, prefetch=args.batch * 4, claim_timeout=6.0)
             t_raw2 = await raw(bootstrap, topic, n, args.batch)
         finally:
             await t.close()
@@ -153,6 +155,8 @@ async def main() -> None:
         print(f"  (a) raw aiokafka group getmany+commit : {raw_text}")
         print(f"  (b) backend receive/ack              : {n / t_sub:10.0f} ev/s ({t_sub:.2f} s)")
         print(f"  ratio b/a                            : {ratio(n, t_sub, t_raw, t_raw2):10.2f}")
+        print(f"  (c) EventBus group member            : {n / t_bus:10.0f} ev/s (decode + runtime + handler)")
+        print(f"  ratio c/a                            : {ratio(n, t_bus, t_raw, t_raw2):10.2f}")
     finally:
         if proc is not None:
             proc.kill()

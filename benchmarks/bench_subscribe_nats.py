@@ -27,6 +27,7 @@ import uuid
 import nats
 import nats.js.api
 import nats.js.errors
+from _bus import bus_consume
 
 from outrelay import Event, Message
 from outrelay.core.subscription import SubscriptionSpec
@@ -97,11 +98,14 @@ async def main() -> None:
         a = await raw(url, stream, target, args.count, args.batch)
         group = f"bench_{tag}"
         b = await backend(t, target, group, args.count, args.batch, prefetch=args.batch * 4)
+        c = await bus_consume(t, args.count, target=target, prefetch=args.batch * 4)
         a2 = await raw(url, stream, target, args.count, args.batch)
         ra = (args.count / a + args.count / a2) / 2
         print(f"raw nats-py pull consumer: {ra:10.0f} ev/s (mean of {args.count / a:,.0f} and {args.count / a2:,.0f})")
         print(f"outrelay group backend:    {args.count / b:10.0f} ev/s ({args.shards} shards, one member)")
         print(f"ratio backend/raw:         {(args.count / b) / ra:10.2f}")
+        print(f"EventBus group member:     {args.count / c:10.0f} ev/s (decode + runtime + handler)")
+        print(f"ratio EventBus/raw:        {(args.count / c) / ra:10.2f}")
     finally:
         await t.close()
         js = nc.jetstream()

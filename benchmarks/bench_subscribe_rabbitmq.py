@@ -39,6 +39,7 @@ from outrelay.transports.rabbitmq._subscriber import group_queue
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bus import bus_consume
 from _ratio import ratio, raw_line
 
 
@@ -46,7 +47,7 @@ def config(url: str, exchange: str, shards: int) -> RabbitMQConfig:
     return RabbitMQConfig(url=url, exchange=exchange, routing_key="s.{stream}", group_shards=shards)
 
 
-async def prepare(url: str, exchange: str, raw_queues: list[str], group: str, args: argparse.Namespace) -> None:
+async def prepare(url: str, exchange: str, raw_queues: list[str], groups: list[str], args: argparse.Namespace) -> None:
     """Declare the exchange and queues, then publish the events once (routed to every queue)."""
     conn = await aio_pika.connect(url)
     async with conn:
@@ -56,9 +57,10 @@ async def prepare(url: str, exchange: str, raw_queues: list[str], group: str, ar
             q = await channel.declare_queue(name, durable=True)
             await q.bind(ex, "#")
     t = RabbitMQTransport(config(url, exchange, args.shards))
-    member = t.subscription(SubscriptionSpec("", group=group))
-    await member.start()  # declares and binds the group queue, which then keeps what follows
-    await member.stop()
+    for group in groups:
+        member = t.subscription(SubscriptionSpec("", group=group))
+        await member.start()  # declares and binds the group queue, which then keeps what follows
+        await member.stop()
     payload = b"x" * args.size
     events = [Event(type="bench.subscribe", stream=f"s{i % args.streams}", data=payload) for i in range(args.count)]
     await t.open()
@@ -126,29 +128,34 @@ async def main() -> None:
 
     url = os.environ.get("OUTRELAY_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
     tag = uuid.uuid4().hex[:8]
-    exchange, group = f"bench-sub-{tag}", f"bench-{tag}"
+    exchange, group, bus_group = f"bench-sub-{tag}", f"bench-{tag}", f"bench-bus-{tag}"
     raw_queues = [f"bench-sub-raw1-{tag}", f"bench-sub-raw2-{tag}"]
     n = args.count
     try:
         t0 = time.perf_counter()
-        await prepare(url, exchange, raw_queues, group, args)
+        await prepare(url, exchange, raw_queues, [group, bus_group], args)
         t_pub = time.perf_counter() - t0
         t_raw = await raw(url, raw_queues[0], n, args.prefetch)
         t_backend = await backend(url, exchange, group, n, args.prefetch, args.shards)
+        bus_t = RabbitMQTransport(config(url, exchange, args.shards))
+        t_bus = await bus_consume(bus_t, n, prefetch=args.prefetch * 4, group=bus_group)
         t_raw2 = await raw(url, raw_queues[1], n, args.prefetch)
     finally:
-        base = group_queue(group, exchange)
-        shard_queues = [f"{base}.{i}" for i in range(args.shards)] + [f"{base}.members"] if args.shards > 1 else []
-        await cleanup(url, [base, exchange], [*raw_queues, base, *shard_queues])
+        bases = [group_queue(g, exchange) for g in (group, bus_group)]
+        extra = [f"{b}.{i}" for b in bases for i in range(args.shards)] + [f"{b}.members" for b in bases]
+        shard_queues = extra if args.shards > 1 else []
+        await cleanup(url, [*bases, exchange], [*raw_queues, *bases, *shard_queues])
     where = url.split("@")[-1]
     print(f"rabbitmq @ {where}, {n} events x {args.size} B, {args.streams} streams, prefetch {args.prefetch}")
-    print(f"  (published once to 3 queues, untimed: {t_pub:.1f} s)")
+    print(f"  (published once to 4 queues, untimed: {t_pub:.1f} s)")
     raw_mean = raw_line(n, t_raw, t_raw2).replace("the relay", "the backend")
     print(f"  a) raw aio-pika queue.iterator + ack     : {raw_mean}")
     what = f"{args.shards} shards" if args.shards > 1 else "single active consumer"
     took = f"{t_backend:.2f} s, incl. start; {what}"
     print(f"  b) rabbitmq backend receive + ack (group): {n / t_backend:10.0f} ev/s ({took})")
     print(f"  ratio b/a                                : {ratio(n, t_backend, t_raw, t_raw2):10.2f}")
+    print(f"  c) EventBus group member (decode+runtime): {n / t_bus:10.0f} ev/s")
+    print(f"  ratio c/a                                : {ratio(n, t_bus, t_raw, t_raw2):10.2f}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import time
 import uuid
 
 import redis.asyncio as aioredis
+from _bus import bus_consume
 from _ratio import ratio
 
 from outrelay import Event, Message
@@ -87,6 +88,7 @@ async def main() -> None:
         n = len(events)
         t_raw = await raw(url, key, n, args.batch)
         t_backend = await backend(t, n, args.batch)
+        t_bus = await bus_consume(t, n, prefetch=args.batch * 4)
         t_raw2 = await raw(url, key, n, args.batch)
     finally:
         client = aioredis.Redis.from_url(url)
@@ -99,6 +101,8 @@ async def main() -> None:
     print(f"  (a) raw redis-py XREADGROUP+XACK : {mean:10.0f} ev/s {before_after}")
     print(f"  (b) outrelay group backend       : {n / t_backend:10.0f} ev/s ({t_backend:.2f} s)")
     print(f"  ratio b/a                        : {ratio(n, t_backend, t_raw, t_raw2):10.2f}")
+    print(f"  (c) EventBus group member        : {n / t_bus:10.0f} ev/s ({t_bus:.2f} s, decode + runtime + handler)")
+    print(f"  ratio c/a                        : {ratio(n, t_bus, t_raw, t_raw2):10.2f}")
 
 
 if __name__ == "__main__":
