@@ -103,6 +103,7 @@ class Subscription:
         self._room = asyncio.Event()
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._closer: asyncio.Task[None] | None = None
         self.stopped = False
         self._done = asyncio.Event()
 
@@ -171,7 +172,7 @@ class Subscription:
             except PermanentError as exc:
                 log.error("subscription %s stopped: %s", self.consumer, exc)
                 self.error = exc
-                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self.unsubscribe()))
+                self._closer = asyncio.create_task(self.unsubscribe())
                 return
             if failures:
                 log.warning("subscription %s: receiving again after %d failed attempt(s)", self.consumer, failures)
