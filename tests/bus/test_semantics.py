@@ -119,6 +119,28 @@ class TestSubscribeThenPublish:
         assert got == [event.id]
 
 
+class TestFidelity:
+    async def test_handler_gets_the_event_as_appended(self, harness: Harness) -> None:
+        """Every envelope field, the data bytes and the content type reach the handler unchanged."""
+        sent = Event(
+            type="order.created", stream="order-7", tenant="acme", source="/shop", subject="line/1",
+            correlation_id="corr-1", causation_id="cause-1", event_version="2", schema_version="3",
+            producer_version="1.4.0", labels={"region": "eu"}, tags=("vip",), metadata={"trace": "t-1"},
+            data=b"\x00\x01binary\xff", content_type="application/octet-stream",
+        )  # fmt: skip
+        got: list[Event] = []
+        async with harness.bus() as bus:
+            await bus.subscribe(got.append, group="fidelity")
+            await harness.publish([sent])
+            await _until(lambda: bool(got))
+        [e] = got
+        fields = ("id", "type", "stream", "tenant", "source", "subject", "correlation_id", "causation_id",
+                  "event_version", "schema_version", "producer_version", "labels", "tags", "metadata", "data",
+                  "content_type", "time_text")  # fmt: skip
+        assert {f: getattr(e, f) for f in fields} == {f: getattr(sent, f) for f in fields}
+        assert e.sequence is not None  # the outbox sequence travels as the CloudEvents extension
+
+
 class TestFailures:
     async def test_raising_handler_dead_letters_and_the_stream_continues(self, harness: Harness) -> None:
         """A handler that keeps raising on one event dead-letters it with the seed's fields; its stream goes on."""
