@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import httpcore
+import asyncio
+
 import pytest
 
 from outrelay import Delivered, Rejected
-from outrelay.transports.webhook._ssrf import GuardedBackend, PrivateAddressRefused, address_refusal
+from outrelay.transports.webhook._ssrf import AddressGuard, PrivateAddressRefused, address_refusal
 from outrelay.transports.webhook.receiver import WebhookReceiver
 from tests.transports.webhook_support import SECRET, event, make_transport, messages
 
@@ -42,35 +43,35 @@ class TestAddressClassifier:
         assert address_refusal(address) is None
 
 
-class _FixedDNS(GuardedBackend):
-    """A backend whose resolver answers a fixed address (our own seam, no network)."""
+class _FixedDNS(AddressGuard):
+    """A guard whose resolver answers a fixed address (our own seam, no network)."""
 
     def __init__(self, answer: str) -> None:
         super().__init__()
         self.answer = answer
 
-    async def _resolve(self, host: str, port: int, limit: float | None) -> list[str]:
+    async def resolve(self, host: str, port: int) -> list[str]:
         return [self.answer]
 
 
 class TestGuard:
     async def test_checks_the_resolved_address_not_the_name(self) -> None:
         """A public-looking host name that resolves to a private address is refused before connecting."""
-        backend = _FixedDNS("10.0.0.5")
+        guard = _FixedDNS("10.0.0.5")
         with pytest.raises(PrivateAddressRefused, match=r"10\.0\.0\.5 is a private address"):
-            await backend.connect_tcp("hooks.example.com", 443, timeout=1)
+            await guard.connect("hooks.example.com", 443, asyncio.Protocol)
 
     async def test_localhost_name_is_refused(self) -> None:
         """'localhost' resolves to loopback and is refused."""
         with pytest.raises(PrivateAddressRefused, match="loopback"):
-            await GuardedBackend().connect_tcp("localhost", 9, timeout=1)
+            await AddressGuard().connect("localhost", 9, asyncio.Protocol)
 
     async def test_allowed_backend_still_raises_connect_errors(self) -> None:
         """With private networks allowed, an unreachable port is an ordinary connect error."""
         from tests.services import free_port
 
-        with pytest.raises(httpcore.ConnectError):
-            await GuardedBackend(allow_private=True).connect_tcp("127.0.0.1", free_port(), timeout=1)
+        with pytest.raises(ConnectionRefusedError):
+            await AddressGuard(allow_private=True).connect("127.0.0.1", free_port(), asyncio.Protocol)
 
     async def test_loopback_refused_without_option(self) -> None:
         """Sending to 127.0.0.1 without allow_private_network is a permanent error naming the option."""

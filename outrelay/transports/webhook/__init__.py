@@ -1,4 +1,4 @@
-"""The ``webhook`` transport plugin: Standard-Webhooks-signed HTTP delivery (httpx)."""
+"""The ``webhook`` transport plugin: Standard-Webhooks-signed HTTP/1.1 delivery (TLS context from httpx)."""
 
 from __future__ import annotations
 

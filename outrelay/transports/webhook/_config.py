@@ -31,8 +31,12 @@ class WebhookConfig(TransportConfig):
       ``None`` sends unsigned requests.
     * ``mode`` — ``structured`` (``application/cloudevents+json`` body) or
       ``binary`` (``ce-*`` headers, raw data, the event's content type).
-    * ``timeout`` — seconds per request (connect, write, read each).
-    * ``max_connections`` — pooled connections per destination.
+    * ``timeout`` — one deadline in seconds per attempt, covering DNS, connect,
+      TLS, sending and the whole answer (a receiver dripping its answer
+      cannot stretch it); on expiry the attempt is RetryLater and its
+      connection dropped. Waiting for a free ``concurrency`` slot is not counted.
+    * ``max_connections`` — connections per destination: idle keep-alive
+      ones beyond it are closed, and requests in flight never exceed it.
     * ``concurrency`` — requests in flight per batch (different streams).
     * ``headers`` — extra static headers (values are masked like secrets).
     * ``allow_private_network`` — permit loopback/private/link-local

@@ -1,29 +1,30 @@
-"""The one boundary where HTTP outcomes and httpx exceptions become outrelay results.
+"""The one boundary where HTTP outcomes and network errors become outrelay results.
 
-:func:`post_once` sends one request and never raises for a network or
-protocol failure: every httpx exception is mapped here (and only here) to
-:class:`~outrelay.RetryLater` or :class:`~outrelay.Rejected`; an answer is
-mapped by :func:`classify`. URLs in messages go through :func:`safe_url`,
-which drops user info, query and fragment (they may carry tokens).
+:func:`post_once` sends one request under one deadline and never raises
+for a network or protocol failure: every exception of the HTTP client
+(:mod:`._http`) is mapped here (and only here) to :class:`~outrelay.RetryLater`
+or :class:`~outrelay.Rejected`; an answer is mapped by :func:`classify`.
+URLs in messages go through :func:`safe_url`, which drops user info, query
+and fragment (they may carry tokens).
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import time
 from collections.abc import Mapping
 from datetime import UTC
 from urllib.parse import urlsplit
 
-import httpx
-
 from outrelay.core.transport import Delivered, Rejected, RetryLater, SendResult
+from outrelay.transports.webhook._http import ConnectionPool, InvalidRequest, ProtocolError, Response, parse_target
 from outrelay.transports.webhook._ssrf import PrivateAddressRefused
 
-__all__ = ["classify", "describe", "parse_retry_after", "post_once", "safe_url"]
+__all__ = ["classify", "describe", "exchange", "parse_retry_after", "post_once", "safe_url", "timeout_message"]
 
 
-def safe_url(url: str | httpx.URL) -> str:
+def safe_url(url: str) -> str:
     """``url`` without user info, query or fragment (they may carry tokens)."""
     parts = urlsplit(str(url))
     if not parts.scheme:  # a relative reference (e.g. a Location header)
@@ -78,31 +79,60 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def timeout_message(url: str, limit: float) -> str:
+    return (
+        f"{safe_url(url)} did not answer within {limit:g}s (one deadline for connect, send and the whole "
+        "answer); raise the destination's timeout if the receiver is that slow"
+    )
+
+
+async def exchange(
+    pool: ConnectionPool, method: str, url: str, headers: dict[str, str], body: bytes, limit: float
+) -> Response:
+    """One request and its whole answer, bounded by ``limit`` seconds in all.
+
+    :raises TimeoutError: the deadline passed (the connection is dropped).
+    :raises PrivateAddressRefused, InvalidRequest, ProtocolError, OSError: see :mod:`._http`.
+    """
+    target = parse_target(url)
+    async with asyncio.timeout(limit) as deadline:
+        try:
+            return await pool.request(method, target, headers, body, body_limit=_BODY_LIMIT)
+        except TimeoutError:
+            if deadline.expired():
+                raise
+            # an OS-level ETIMEDOUT is a network failure, not our deadline
+            raise ConnectionError("the connection timed out") from None
+
+
 async def post_once(
-    client: httpx.AsyncClient, url: str, headers: dict[str, str], body: bytes, limit: float
+    pool: ConnectionPool, url: str, headers: dict[str, str], body: bytes, limit: float
 ) -> SendResult:
-    """POST once and classify; the one place httpx exceptions are mapped.
+    """POST once under one deadline and classify; the one place client exceptions are mapped.
 
     At most :data:`_BODY_LIMIT` bytes of the answer are read: enough to keep
     the connection reusable for ordinary answers and to quote an error,
     without letting an endpoint make the relay download a large body.
     """
     try:
-        async with client.stream("POST", url, content=body, headers=headers) as response:
-            answer = b""
-            async for chunk in response.aiter_bytes():
-                answer += chunk
-                if len(answer) > _BODY_LIMIT:
-                    break  # closing early drops this connection, which is fine
+        response = await exchange(pool, "POST", url, headers, body, limit)
     except PrivateAddressRefused as exc:
         return Rejected(str(exc))
-    except httpx.TimeoutException:
-        return RetryLater(f"{safe_url(url)} did not answer within {limit:g}s")
-    except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-        return Rejected(f"invalid webhook URL {safe_url(url)}: {describe(exc)}")
-    except httpx.TransportError as exc:  # connect/read/write/protocol errors
+    except TimeoutError:
+        return RetryLater(timeout_message(url, limit))
+    except InvalidRequest as exc:
+        return Rejected(f"cannot send to {safe_url(url)}: {exc}")
+    except ProtocolError as exc:
+        return RetryLater(f"{safe_url(url)} sent an invalid HTTP answer: {exc}")
+    except OSError as exc:  # connect, reset, TLS
         return RetryLater(f"cannot deliver to {safe_url(url)}: {describe(exc)}")
+    status = response.status
     detail = ""
-    if response.status_code >= 300:
-        detail = " ".join(answer[:200].decode("utf-8", "replace").split())
-    return classify(response.status_code, response.headers, url, detail)
+    if status >= 300:
+        detail = " ".join(response.body[:200].decode("utf-8", "replace").split())
+    if 200 <= status < 300:
+        return _DELIVERED
+    return classify(status, response.headers, url, detail)
+
+
+_DELIVERED = Delivered()

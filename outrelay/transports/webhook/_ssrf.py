@@ -3,17 +3,17 @@
 A webhook URL usually comes from a tenant or a config file, so the relay must
 not become a way to reach the relay host's own network (cloud metadata at
 169.254.169.254, an admin port on 127.0.0.1, a database on 10.0.0.5). The
-check runs on the **resolved address at connect time**, inside the httpcore
-network backend: :class:`GuardedBackend` resolves the host once, refuses
-every address that is not globally routable, connects to the permitted IP
-literal itself (so a second DNS answer cannot differ — DNS rebinding) and
-finally checks the peer address of the connected socket. TLS still verifies
-the certificate against the URL's host name, because httpcore passes the
-original host as SNI/server name, not the address we connected to.
+check runs on the **resolved address at connect time**: :class:`AddressGuard`
+resolves the host once, refuses every address that is not globally
+routable, connects to the permitted IP literal itself (so a second DNS
+answer cannot differ — DNS rebinding) and finally checks the peer address
+of the connected socket. TLS still verifies the certificate against the
+URL's host name, which is passed as SNI/server name, not the address we
+connected to.
 
 A refused address raises :class:`PrivateAddressRefused` (not an ``OSError``,
-so httpx does not wrap it); the transport maps it to a permanent failure
-whose message names the ``allow_private_network`` option.
+so it cannot be mistaken for a network failure); the transport maps it to a
+permanent failure whose message names the ``allow_private_network`` option.
 """
 
 from __future__ import annotations
@@ -22,14 +22,12 @@ import asyncio
 import ipaddress
 import socket
 import ssl
-import time
-import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
-import httpcore
-import httpx
+__all__ = ["AddressGuard", "PrivateAddressRefused", "address_refusal"]
 
-__all__ = ["GuardedBackend", "GuardedHTTPTransport", "PrivateAddressRefused", "address_refusal"]
+P = TypeVar("P", bound=asyncio.Protocol)
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -75,31 +73,28 @@ def address_refusal(address: str | IPAddress) -> str | None:
     return None
 
 
-class GuardedBackend(httpcore.AsyncNetworkBackend):
-    """An httpcore network backend that connects only to permitted addresses.
+class AddressGuard:
+    """Connects only to permitted addresses (all of them with ``allow_private``).
 
-    With ``allow_private`` it still pins the resolved address but permits
-    every one. Connection errors surface as httpcore's own ``ConnectError``/
-    ``ConnectTimeout`` so httpx maps them as usual.
+    Either way the resolved address is pinned: the connection goes to the
+    IP literal that was checked. Addresses are tried one after another.
+
+    :raises PrivateAddressRefused: every resolved address (or the connected
+        peer) is refused.
+    :raises OSError: the name does not resolve (``socket.gaierror``) or no
+        permitted address accepts the connection (the last error).
     """
 
     def __init__(self, *, allow_private: bool = False) -> None:
         self.allow_private = allow_private
-        self._inner = httpcore.AnyIOBackend()
 
-    async def _resolve(self, host: str, port: int, limit: float | None) -> list[str]:
+    async def resolve(self, host: str, port: int) -> list[str]:
+        """The addresses of ``host`` (an IP literal is its own answer), without duplicates."""
         try:
             return [str(ipaddress.ip_address(host.strip("[]")))]
         except ValueError:
             pass
-        loop = asyncio.get_running_loop()
-        try:
-            # DNS counts toward the connect timeout.
-            infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), limit)
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(f"resolving {host} timed out after {limit}s") from exc
-        except socket.gaierror as exc:
-            raise httpcore.ConnectError(f"cannot resolve {host}: {exc.strerror}") from exc
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         seen: dict[str, None] = {}
         for _family, _type, _proto, _canon, sockaddr in infos:
             seen.setdefault(str(sockaddr[0]).split("%", 1)[0])
@@ -108,67 +103,32 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
     def _refusal(self, address: str) -> str | None:
         return None if self.allow_private else address_refusal(address)
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: typing.Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        addresses = await self._resolve(host, port, timeout)
+    async def connect(
+        self, host: str, port: int, protocol: Callable[[], P], tls: ssl.SSLContext | None = None
+    ) -> tuple[asyncio.Transport, P]:
+        """Open a TCP (or TLS, verified against ``host``) connection driven by ``protocol()``."""
+        addresses = await self.resolve(host, port)
         refused = [r for r in map(self._refusal, addresses) if r]
         permitted = [a for a in addresses if not self._refusal(a)]
         if not permitted:
             raise PrivateAddressRefused(host, refused)
-        last: Exception | None = None
-        for address in permitted:  # sequential fallback over the permitted addresses
-            remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
+        loop = asyncio.get_running_loop()
+        last: OSError | None = None
+        for address in permitted:
             try:
-                stream = await self._inner.connect_tcp(
-                    address, port, timeout=remaining, local_address=local_address, socket_options=socket_options
+                transport, proto = await loop.create_connection(
+                    protocol, address, port, ssl=tls, server_hostname=host if tls is not None else None
                 )
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+            except OSError as exc:
                 last = exc
                 continue
             # Belt and braces: the socket's real peer must be permitted too.
-            sock = stream.get_extra_info("socket")
-            peer = sock.getpeername()[0] if sock is not None else address
-            reason = self._refusal(str(peer))
+            peer = transport.get_extra_info("peername")
+            reason = self._refusal(str(peer[0]) if peer else address)
             if reason:
-                await stream.aclose()
+                transport.abort()
                 raise PrivateAddressRefused(host, [reason])
-            return stream
+            assert isinstance(transport, asyncio.Transport)
+            return transport, proto
         assert last is not None
         raise last
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,
-        socket_options: typing.Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        raise PrivateAddressRefused(path, ["unix sockets are local"])
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-class GuardedHTTPTransport(httpx.AsyncHTTPTransport):
-    """httpx's transport with its pool rebuilt on :class:`GuardedBackend`.
-
-    httpx does not expose httpcore's ``network_backend`` parameter, so the
-    pool it built is replaced by an equivalent one (same limits and TLS
-    context) whose every new connection goes through the address guard.
-    """
-
-    def __init__(self, *, allow_private: bool, ssl_context: ssl.SSLContext, limits: httpx.Limits) -> None:
-        super().__init__(verify=ssl_context, limits=limits, trust_env=False)
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context,
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            network_backend=GuardedBackend(allow_private=allow_private),
-        )
