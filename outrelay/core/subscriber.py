@@ -11,6 +11,9 @@ the behaviour users rely on. Here, the mechanics:
   the operator's replay succeeds or the dead letter is purged (seen by a
   poll of the dead-letter table every ``poll_interval`` seconds, which also
   takes queued replays).
+
+If the dead-letter database fails, nothing is acked: the lane waits a
+second and handles its head again (the handler may then run again).
 """
 
 from __future__ import annotations
@@ -192,8 +195,13 @@ class Subscription:
             async with self._slots:
                 lane = self._lanes[stream]
                 while lane and not self._stopping and stream not in self._parked:
-                    if not await self._handle(lane[0]):
-                        break
+                    try:
+                        if not await self._handle(lane[0]):
+                            break
+                    except OutrelayError as exc:  # the dead-letter database failed: nothing was acked
+                        log.error("subscription %s: stream %r waits: %s", self.consumer, stream, exc)
+                        await asyncio.sleep(1.0)
+                        continue
                     lane.popleft()
         finally:
             del self._workers[stream]
