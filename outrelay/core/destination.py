@@ -5,6 +5,11 @@ Claims due lanes, sends batches through the transport with at most
 retry at T (backoff with jitter, Retry-After honoured), dead-letter or park
 on exhaustion/rejection. A whole batch failing retryably pauses the
 destination (circuit breaking) instead of hammering a broker that is down.
+
+An outage is logged twice, not once per retry: the first failure after
+success (a batch with nothing delivered, or a failed open) is one WARNING
+naming the destination and the error; the first delivery after it is one
+INFO. Retries in between log at DEBUG.
 """
 
 from __future__ import annotations
@@ -51,6 +56,31 @@ class DestinationWorker:
         self._disable_version = 0  # bumped when a batch disables the destination (beats a stale read)
         self.counts = {"delivered": 0, "duplicates": 0, "retried": 0, "dead_lettered": 0, "parked": 0, "batches": 0}
         self.last_error: str | None = None
+        self._outage: str | None = None  # the error of the outage in progress (logged once)
+        self._outage_since = 0.0
+
+    # -- outage log --------------------------------------------------------------
+
+    def _failing(self, error: str) -> None:
+        """Log the first failure after success as one WARNING; later ones at DEBUG."""
+        if self._outage is None:
+            self._outage_since = time.monotonic()
+            log.warning(
+                "destination %s failing: %s (retrying with backoff; logged again on recovery)", self.name, error
+            )
+        else:
+            log.debug("destination %s still failing: %s", self.name, error)
+        self._outage = error
+
+    def _recovered(self) -> None:
+        if self._outage is not None:
+            log.info(
+                "destination %s recovered after %.1fs (last error: %s)",
+                self.name,
+                time.monotonic() - self._outage_since,
+                self._outage,
+            )
+            self._outage = None
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -122,13 +152,14 @@ class DestinationWorker:
                 self.opened = True
                 self.blocked_until = 0.0
                 self.failing_since = None
+                self._recovered()
                 return
             except Exception as exc:  # the broker may be down: keep trying
                 msg = _describe(exc)
                 if self.failing_since is None:
                     self.failing_since = time.time()
                 self.last_error = f"open failed: {msg}"
-                log.warning("destination %s: cannot open transport: %s (retrying in %.1fs)", self.name, msg, delay)
+                self._failing(f"cannot open transport: {msg}")
                 await self.relay.db(self.relay.store.record_error, self.name, self.last_error, time.time())
                 self.blocked_until = time.time() + delay
                 await self._sleep(delay)
@@ -194,6 +225,11 @@ class DestinationWorker:
             await self._settle(settlements, now)
             settled = True
             failures = [r for r in results if not isinstance(r, Delivered)]
+            if len(failures) < len(results):
+                self._recovered()
+            elif any(isinstance(r, RetryLater) for r in failures):
+                first_retry = next(r for r in failures if isinstance(r, RetryLater))
+                self._failing(first_retry.error)
             if failures:
                 first = failures[0]
                 self.last_error = first.error if isinstance(first, RetryLater) else getattr(first, "reason", "")

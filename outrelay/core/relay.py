@@ -301,6 +301,7 @@ class Relay:
     async def _drain_monitor(self) -> None:
         bound = self.config.relay.drain_retry_bound
         quiet = 0
+        logged_wait = False
         while not self.stopping:
             await asyncio.sleep(0.05)
             if self._route_busy or any(w.inflight for w in self.workers.values()):
@@ -318,6 +319,20 @@ class Relay:
                         continue
                     next_due = await self.db(self.store.next_due, name)
                     if w.idle_until(now, next_due) <= now + bound:
+                        busy = True
+                        break
+                    # another relay (perhaps a crashed one) holds lanes: wait for it to settle them or for
+                    # the lease to run out (at most relay.lease_seconds), then claim them
+                    held = await self.db(self.store.leased_elsewhere, name, self.owner, now)
+                    if held is not None:
+                        if not logged_wait:
+                            log.info(
+                                "drain: destination %s has lanes leased by another relay until %.0fs from now; "
+                                "waiting for them",
+                                name,
+                                held - now,
+                            )
+                            logged_wait = True
                         busy = True
                         break
             quiet = 0 if busy else quiet + 1

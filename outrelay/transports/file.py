@@ -4,6 +4,12 @@ For the demo and for debugging. Each message is one line, the structured
 CloudEvents form; ``fsync = true`` makes "delivered" mean "on disk". The
 path may be a template (``"out/{stream}.jsonl"``); parent directories are
 created. The reader tails the file.
+
+Open handles are bounded: at most ``max_open_files`` stay open (least
+recently used closed first, after a flush — and an fsync with ``fsync``),
+and a handle unused for ``idle_close_seconds`` is closed, so a template
+that fans out to thousands of files never runs the process out of file
+descriptors.
 """
 
 from __future__ import annotations
@@ -11,9 +17,13 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+from pydantic import Field
 
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
@@ -42,6 +52,8 @@ __all__ = ["FileConfig", "FileTransport"]
 class FileConfig(TransportConfig):
     path: str = "outrelay-events.jsonl"
     fsync: bool = False
+    max_open_files: int = Field(32, ge=1, le=10_000, description="open handles kept (least recently used closed first)")
+    idle_close_seconds: float = Field(30.0, gt=0, description="a handle unused this long is closed")
 
 
 class FileTransport(Transport):
@@ -54,7 +66,8 @@ class FileTransport(Transport):
         super().__init__(config, destination=destination)
         self.cfg: FileConfig = config
         self._template = Template(config.path, where=f"destinations.{destination}.path")
-        self._files: dict[str, IO[bytes]] = {}
+        self._files: OrderedDict[str, IO[bytes]] = OrderedDict()  # least recently used first
+        self._used: dict[str, float] = {}  # target -> monotonic time of its last write
         self._lock = threading.Lock()
         self._state = "new"
 
@@ -81,10 +94,7 @@ class FileTransport(Transport):
                 results.append(RetryLater("an earlier message with this key failed"))
                 continue
             try:
-                fh = self._files.get(m.target)
-                if fh is None:
-                    Path(m.target).parent.mkdir(parents=True, exist_ok=True)
-                    fh = self._files[m.target] = open(m.target, "ab")  # noqa: SIM115 - kept open
+                fh = self._handle(m.target)
                 fh.write(cloudevents.to_structured(m.event) + b"\n")
                 touched.add(m.target)
                 results.append(Delivered())
@@ -95,14 +105,44 @@ class FileTransport(Transport):
                 failed.add(m.key)
                 results.append(Rejected(f"invalid file path {m.target!r}: {exc}"))
         for target in touched:
-            fh = self._files[target]
-            try:
-                fh.flush()
-                if self.cfg.fsync:
-                    os.fsync(fh.fileno())
-            except OSError as exc:
-                raise RetryableError(f"cannot flush {target}: {exc.strerror}", destination=self.destination) from exc
+            handle = self._files.get(target)
+            if handle is not None:  # else flushed when it was evicted
+                self._flush(target, handle)
+        self._close_idle()
         return results
+
+    def _handle(self, target: str) -> IO[bytes]:
+        """The open handle of ``target``, opening it (and evicting the least recently used) if needed."""
+        self._used[target] = time.monotonic()
+        known = self._files.get(target)
+        if known is not None:
+            self._files.move_to_end(target)
+            return known
+        while len(self._files) >= self.cfg.max_open_files:
+            old, old_fh = self._files.popitem(last=False)
+            self._used.pop(old, None)
+            try:
+                self._flush(old, old_fh)
+            finally:
+                old_fh.close()
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        fh = self._files[target] = open(target, "ab")  # noqa: SIM115 - kept open, closed by LRU/idle/close()
+        return fh
+
+    def _flush(self, target: str, fh: IO[bytes]) -> None:
+        try:
+            fh.flush()
+            if self.cfg.fsync:
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise RetryableError(f"cannot flush {target}: {exc.strerror}", destination=self.destination) from exc
+
+    def _close_idle(self) -> None:
+        """Close handles unused for ``idle_close_seconds`` (already flushed: every batch flushes what it wrote)."""
+        horizon = time.monotonic() - self.cfg.idle_close_seconds
+        for target in [t for t in self._files if self._used.get(t, 0.0) < horizon]:
+            self._files.pop(target).close()
+            self._used.pop(target, None)
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         if self._state != "open":
@@ -114,6 +154,7 @@ class FileTransport(Transport):
             for fh in self._files.values():
                 fh.close()
             self._files.clear()
+            self._used.clear()
         if self._state == "open":
             self._state = "closed"
 

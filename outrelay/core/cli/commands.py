@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import time
 from pathlib import Path
@@ -23,12 +24,14 @@ from outrelay.core.cli._common import (
     setup_logging,
 )
 from outrelay.core.envelope import Event
-from outrelay.core.errors import ConfigError, OutrelayError
+from outrelay.core.errors import ConfigError, OutrelayError, StoreError, StoreLockedError
 from outrelay.core.outbox import Outbox
 from outrelay.core.registry import Registry
 from outrelay.core.relay import Relay
 
 __all__ = ["register"]
+
+log = logging.getLogger("outrelay.relay")
 
 
 def register(app: typer.Typer) -> None:
@@ -52,13 +55,23 @@ def run(
     """Run the relay in the foreground until SIGINT/SIGTERM (or, with --drain, until idle)."""
     cfg = load(config)
     setup_logging(log_level, log_format)
-    with config_context(config):
-        relay = Relay(config=cfg)
 
     async def main() -> Any:
         loop = asyncio.get_running_loop()
+        stopped = asyncio.Event()
+        started: list[Relay] = []
+
+        def stop() -> None:
+            stopped.set()
+            for r in started:
+                r.stop()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, relay.stop)
+            loop.add_signal_handler(sig, stop)
+        relay = await _open_relay(cfg, config, drain, stopped)
+        if relay is None:
+            return None
+        started.append(relay)
         server = None
         if metrics_port:
             from outrelay.plugins.metrics import Metrics, serve_metrics
@@ -78,6 +91,9 @@ def run(
                 server.close()
 
     summary = asyncio.run(main())
+    if summary is None:
+        console.print("stopped before the outbox became available", markup=False)
+        return
     delivered = sum(c["delivered"] for c in summary.counts.values())
     dead = summary.dead_lettered
     line = f"delivered {delivered} in {summary.elapsed:.1f}s; {summary.remaining} pending; {dead} dead-lettered"
@@ -87,6 +103,30 @@ def run(
         )
         raise typer.Exit(1)
     console.print(line, markup=False)
+
+
+async def _open_relay(cfg: Any, config: Path | None, drain: bool, stopped: asyncio.Event) -> Relay | None:
+    """Build the relay, waiting (with a log line per attempt, backoff to 30 s) while the outbox
+    cannot be opened — a database still starting or down, as the running relay does. With
+    ``--drain`` the wait is bounded by ``relay.drain_retry_bound``. Returns None when stopped
+    while waiting. Another relay holding a SQLite outbox is an error at once."""
+    delay = 0.5
+    deadline = time.monotonic() + cfg.relay.drain_retry_bound if drain else float("inf")
+    while True:
+        try:
+            with config_context(config):
+                return await asyncio.to_thread(Relay, config=cfg)
+        except StoreLockedError:
+            raise
+        except StoreError as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("outbox unavailable (%s); retrying in %.1fs", exc, delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopped.wait(), delay)
+        if stopped.is_set():
+            return None
+        delay = min(delay * 2, 30.0)
 
 
 def _parse_kv(items: list[str], what: str) -> dict[str, str]:

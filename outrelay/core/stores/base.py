@@ -227,6 +227,14 @@ class Store(ABC):
     def next_due(self, destination: str) -> float | None:
         """Earliest ``due_at`` of an unparked lane of ``destination``, or None."""
 
+    def leased_elsewhere(self, destination: str, owner: str, now: float) -> float | None:
+        """Latest lease expiry (``due_at``) of ``destination``'s lanes leased
+        by a relay other than ``owner`` and not expired at ``now``, or None.
+        A draining relay waits for these (another relay, maybe a crashed one,
+        holds that work). Default: None (a store serving one relay frees a
+        predecessor's leases when it is acquired)."""
+        return None
+
     @abstractmethod
     def unrouted(self) -> int:
         """Events not routed yet."""

@@ -57,48 +57,94 @@ class RelayMixin:
 
     def route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
         n = self.n
+        static = getattr(router, "static_destinations", None)
 
         def fn(cur: Cursor) -> int:
             cur.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", (n.route_key,))
             if not cur.fetchone()[0]:  # type: ignore[index]
                 return 0  # another relay is routing; it keeps the order
-            static = getattr(router, "static_destinations", None)
-            cols = "NULL, NULL" if static is not None else "attrs, data"  # no decoding when routes are static
-            cur.execute(f"SELECT seq, stream, {cols} FROM {n.events} WHERE NOT routed ORDER BY seq LIMIT %s", (limit,))
-            rows = cur.fetchall()
-            if not rows:
-                return 0
-            dests: list[str] = []
-            streams: list[str] = []
-            seqs: list[int] = []
-            lanes: dict[tuple[str, str], int] = {}
-            for seq, stream, attrs, data in rows:
-                for dest in static if static is not None else router(self._event(seq, attrs, data)):
-                    dests.append(dest)
-                    streams.append(stream)
-                    seqs.append(seq)
-                    lanes[(dest, stream)] = lanes.get((dest, stream), 0) + 1
-            if dests:
-                cur.execute(
-                    f"INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "
-                    "SELECT d, s, e, %s FROM unnest(%s::text[], %s::text[], %s::bigint[]) "
-                    "WITH ORDINALITY AS u(d, s, e, o) ORDER BY o",
-                    (now, dests, streams, seqs),
-                )
-                keys = sorted(lanes)  # lock lanes in one global order: no deadlock with settle
-                cur.execute(
-                    f"INSERT INTO {n.lanes} (destination, stream, due_at, pending) "
-                    "SELECT d, s, %s, c FROM unnest(%s::text[], %s::text[], %s::int[]) "
-                    "WITH ORDINALITY AS u(d, s, c, o) ORDER BY o ON CONFLICT (destination, stream) "
-                    f"DO UPDATE SET pending = {n.lanes}.pending + excluded.pending",
-                    (now, [k[0] for k in keys], [k[1] for k in keys], [lanes[k] for k in keys]),
-                )
-                if self.notify:
-                    cur.execute("SELECT pg_notify(%s, 'routed')", (n.channel,))
-            cur.execute(f"UPDATE {n.events} SET routed = true WHERE seq = ANY(%s)", ([r[0] for r in rows],))
-            return len(rows)
+            if static is not None:
+                count = self._route_static(cur, list(static), limit, now)
+            else:
+                count = self._route_decoding(cur, router, limit, now)
+            if count and self.notify:
+                cur.execute("SELECT pg_notify(%s, 'routed')", (n.channel,))
+            return count
 
         return self._run(fn, relaxed=True)
+
+    def _route_static(self, cur: Cursor, dests: list[str], limit: int, now: float) -> int:
+        """Every event to every destination: no event row reaches Python.
+
+        One statement marks the events routed and inserts their deliveries
+        (ids of a lane ascend with ``seq``) and returns the count per lane;
+        a second one upserts the lanes in (destination, stream) order like
+        everywhere else. Lanes are locked last, for the shortest time: a
+        locked lane is skipped by claims and blocks settles."""
+        n = self.n
+        if not dests:  # routed nowhere: only marked
+            cur.execute(
+                f"UPDATE {n.events} SET routed = true WHERE seq IN "
+                f"(SELECT seq FROM {n.events} WHERE NOT routed ORDER BY seq LIMIT %s)",
+                (limit,),
+            )
+            return cur.rowcount
+        cur.execute(
+            f"WITH sel AS MATERIALIZED (SELECT seq, stream FROM {n.events} WHERE NOT routed "
+            "  ORDER BY seq LIMIT %(lim)s), "
+            f"upd AS (UPDATE {n.events} e SET routed = true FROM sel WHERE e.seq = sel.seq), "
+            "fan AS MATERIALIZED (SELECT u.d, sel.stream, sel.seq FROM sel CROSS JOIN unnest(%(dests)s::text[]) u(d)), "
+            f"ins AS (INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "
+            "  SELECT d, stream, seq, %(now)s FROM fan ORDER BY d, seq) "
+            "SELECT (SELECT count(*) FROM sel), d, stream, count(*) FROM fan GROUP BY d, stream ORDER BY d, stream",
+            {"lim": limit, "dests": dests, "now": now},
+        )
+        rows = cur.fetchall()
+        if not rows:
+            return 0
+        self._upsert_lanes(cur, [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], now)
+        return int(rows[0][0])
+
+    def _upsert_lanes(self, cur: Cursor, dests: list[str], streams: list[str], counts: list[int], now: float) -> None:
+        """Add ``counts`` pending deliveries to the lanes, given in (destination, stream) order."""
+        n = self.n
+        cur.execute(
+            f"INSERT INTO {n.lanes} (destination, stream, due_at, pending) "
+            "SELECT d, s, %s, c FROM unnest(%s::text[], %s::text[], %s::int[]) "
+            "WITH ORDINALITY AS u(d, s, c, o) ORDER BY o ON CONFLICT (destination, stream) "
+            f"DO UPDATE SET pending = {n.lanes}.pending + excluded.pending",
+            (now, dests, streams, counts),
+        )
+
+    def _route_decoding(self, cur: Cursor, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
+        """Route events one by one through ``router`` (content-based routes)."""
+        n = self.n
+        cur.execute(f"SELECT seq, stream, attrs, data FROM {n.events} WHERE NOT routed ORDER BY seq LIMIT %s", (limit,))
+        rows = cur.fetchall()
+        if not rows:
+            return 0
+        dests: list[str] = []
+        streams: list[str] = []
+        seqs: list[int] = []
+        lanes: dict[tuple[str, str], int] = {}
+        for seq, stream, attrs, data in rows:
+            for dest in router(self._event(seq, attrs, data)):
+                dests.append(dest)
+                streams.append(stream)
+                seqs.append(seq)
+                lanes[(dest, stream)] = lanes.get((dest, stream), 0) + 1
+        if dests:
+            cur.execute(
+                f"INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "
+                "SELECT d, s, e, %s FROM unnest(%s::text[], %s::text[], %s::bigint[]) "
+                "WITH ORDINALITY AS u(d, s, e, o) ORDER BY o",
+                (now, dests, streams, seqs),
+            )
+        cur.execute(f"UPDATE {n.events} SET routed = true WHERE seq = ANY(%s)", ([r[0] for r in rows],))
+        if lanes:
+            keys = sorted(lanes)  # lock lanes in one global order, last: no deadlock with settle, short waits
+            self._upsert_lanes(cur, [k[0] for k in keys], [k[1] for k in keys], [lanes[k] for k in keys], now)
+        return len(rows)
 
     def claim(
         self,
@@ -111,8 +157,19 @@ class RelayMixin:
         now: float,
         max_bytes: int | None = None,
     ) -> list[Claimed]:
+        """Two statements: lock due lanes (``SKIP LOCKED``); then, in a
+        snapshot taken after the lock (so it sees every delivery committed to
+        those lanes), take each lane's first deliveries, keep the prefix within
+        ``max_bytes`` (sizes from ``octet_length``, which reads a TOASTed
+        value's header only), lease the lanes that contributed, drop lanes
+        found empty, and return the picked rows with their data (binary
+        protocol: no hex-encoded bytea)."""
         n = self.n
-        budget = max_bytes if max_bytes is not None else float("inf")
+        sql = _CLAIM_SQL.format(n=n)
+        args = {
+            "dest": destination, "owner": owner, "lim": limit, "per_lane": per_lane,
+            "until": now + lease_seconds, "budget": max_bytes if max_bytes is not None else 2**62,
+        }  # fmt: skip
 
         def fn(cur: Cursor) -> list[Claimed]:
             cur.execute(
@@ -120,46 +177,12 @@ class RelayMixin:
                 "AND owner IS DISTINCT FROM %s ORDER BY due_at LIMIT %s FOR UPDATE SKIP LOCKED",
                 (destination, now, owner, limit),
             )
-            locked = [r[0] for r in cur.fetchall()]
+            locked = [r[0] for r in cur]
             if not locked:
                 return []
-            # octet_length reads a TOASTed value's header only: sizes decide before any data is loaded
-            cur.execute(
-                "SELECT l.stream, d.id, d.attempts, d.first_attempt_at, e.seq, e.attrs, octet_length(e.data) "
-                "FROM unnest(%s::text[]) WITH ORDINALITY AS l(stream, o) "
-                "CROSS JOIN LATERAL (SELECT id, attempts, first_attempt_at, event_seq "
-                f"  FROM {n.deliveries} WHERE destination = %s AND stream = l.stream ORDER BY id LIMIT %s) d "
-                f"JOIN {n.events} e ON e.seq = d.event_seq ORDER BY l.o, d.id LIMIT %s",
-                (locked, destination, per_lane, limit),
-            )
-            rows = cur.fetchall()
-            present = {r[0] for r in rows}
-            picked: list[Any] = []
-            size = 0
-            for row in rows:
-                if picked and size + row[6] > budget:
-                    break  # rows come lane by lane in order: what is picked is a prefix of each lane
-                picked.append(row)
-                size += row[6]
-            leased = list(dict.fromkeys(r[0] for r in picked))
-            if leased:
-                cur.execute(
-                    f"UPDATE {n.lanes} SET owner = %s, due_at = %s WHERE destination = %s AND stream = ANY(%s)",
-                    (owner, now + lease_seconds, destination, leased),
-                )
-            empty = [s for s in locked if s not in present]
-            if len(rows) < limit and empty:
-                # a lane whose deliveries are gone (counter drift) would be "due" forever
-                cur.execute(
-                    f"DELETE FROM {n.lanes} l WHERE destination = %s AND stream = ANY(%s) AND NOT EXISTS "
-                    f"(SELECT 1 FROM {n.deliveries} d WHERE d.destination = l.destination AND d.stream = l.stream)",
-                    (destination, empty),
-                )
-            if not picked:
-                return []
-            cur.execute(f"SELECT seq, data FROM {n.events} WHERE seq = ANY(%s)", ([r[4] for r in picked],))
-            data = dict(cur.fetchall())
-            return [Claimed(r[1], self._event(r[4], r[5], data[r[4]]), r[2], r[3]) for r in picked]
+            cur.execute(sql, {**args, "locked": locked}, binary=True)
+            decode = Event.from_attributes
+            return [Claimed(d_id, decode(attrs, data, seq), att, first) for d_id, att, first, seq, attrs, data in cur]
 
         return self._run(fn, relaxed=True)
 
@@ -177,80 +200,140 @@ class RelayMixin:
         return self._run(fn, relaxed=True)
 
     def settle(self, destination: str, owner: str, settlements: Sequence[Settlement], now: float) -> None:
+        """Two statements: lock the lanes still leased by ``owner`` (in stream
+        order); then, in a snapshot that sees every commit before the lock,
+        record retries and dead letters (rare: ``executemany``), delete the
+        delivered and dead deliveries by primary key, release or drop the
+        lanes and count the delivered."""
         if not settlements:
             return
         n = self.n
+        lanes: dict[str, list[Any]] = {}  # stream -> [due_at, parked]
+        gone: list[Settlement] = []  # delivered first, then dead
+        dead: list[Settlement] = []
+        slow: list[Settlement] = []
+        for s in settlements:
+            lane = lanes.setdefault(s.stream, [now, False])
+            if s.kind == "delivered":
+                gone.append(s)
+            elif s.kind != "hold":
+                slow.append(s)
+                if s.kind == "retry":
+                    lane[0] = max(lane[0], s.due_at)
+                elif s.kind == "dead":
+                    dead.append(s)
+                else:
+                    lane[1] = True
+        ok = [True] * len(gone) + [False] * len(dead)
+        gone += dead
+        keys = sorted(lanes)
+        finish = _SETTLE_SQL.format(n=n)
+        args = {
+            "dest": destination, "streams": keys, "due": [lanes[k][0] for k in keys],
+            "parked": [lanes[k][1] for k in keys], "gone": [s.delivery_id for s in gone], "ok": ok,
+            "gone_streams": [s.stream for s in gone],
+        }  # fmt: skip
 
         def fn(cur: Cursor) -> None:
             cur.execute(
                 f"SELECT stream FROM {n.lanes} WHERE destination = %s AND stream = ANY(%s) AND owner = %s "
                 "ORDER BY stream FOR UPDATE",
-                (destination, sorted({s.stream for s in settlements}), owner),
+                (destination, keys, owner),
             )
-            owned = {r[0] for r in cur.fetchall()}
-            mine = [s for s in settlements if s.stream in owned]  # others: lease lost, the new owner resends
-            lanes = {stream: [now, False, 0] for stream in owned}  # due_at, parked, removed
-            gone: list[int] = []
-            for s in mine:
-                lane = lanes[s.stream]
-                if s.kind == "delivered":
-                    gone.append(s.delivery_id)
-                elif s.kind == "retry":
-                    cur.execute(
-                        f"UPDATE {n.deliveries} SET attempts = %s, last_error = %s, "
-                        "first_attempt_at = COALESCE(first_attempt_at, %s) WHERE id = %s",
-                        (s.attempts, s.error, now, s.delivery_id),
-                    )
-                    lane[0] = max(lane[0], s.due_at)
-                elif s.kind in ("dead", "park"):
-                    cur.execute(
-                        f"INSERT INTO {n.dead_letters} (event_seq, destination, stream, reason, attempts, "
-                        "first_attempt_at, failed_at, state, delivery_id) "
-                        "SELECT event_seq, %s, %s, %s, %s, COALESCE(first_attempt_at, %s), %s, %s, %s "
-                        f"FROM {n.deliveries} WHERE id = %s",
-                        (destination, s.stream, s.error or "", s.attempts, now, now,
-                         "dead" if s.kind == "dead" else "parked",
-                         s.delivery_id if s.kind == "park" else None, s.delivery_id),
-                    )
-                    if s.kind == "dead":
-                        gone.append(s.delivery_id)
-                    else:
-                        cur.execute(
-                            f"UPDATE {n.deliveries} SET attempts = %s, last_error = %s WHERE id = %s",
-                            (s.attempts, s.error, s.delivery_id),
-                        )
-                        lane[1] = True
-            if gone:
-                cur.execute(f"DELETE FROM {n.deliveries} WHERE id = ANY(%s) RETURNING stream", (gone,))
-                for (stream,) in cur.fetchall():
-                    lanes[stream][2] += 1
-            if lanes:
-                keys = sorted(lanes)
-                cur.execute(
-                    f"UPDATE {n.lanes} l SET pending = l.pending - u.removed, owner = NULL, due_at = u.due, "
-                    "parked = u.parked FROM unnest(%s::text[], %s::int[], %s::float8[], %s::bool[]) "
-                    "AS u(stream, removed, due, parked) WHERE l.destination = %s AND l.stream = u.stream",
-                    (keys, [lanes[k][2] for k in keys], [lanes[k][0] for k in keys], [lanes[k][1] for k in keys],
-                     destination),
-                )
-                cur.execute(
-                    f"DELETE FROM {n.lanes} WHERE destination = %s AND stream = ANY(%s) AND pending <= 0",
-                    (destination, keys),
-                )
-            delivered = sum(1 for s in mine if s.kind == "delivered")
-            if delivered:
-                cur.execute(
-                    f"INSERT INTO {n.destinations} (destination, delivered) VALUES (%s, %s) ON CONFLICT (destination) "
-                    f"DO UPDATE SET delivered = {n.destinations}.delivered + excluded.delivered",
-                    (destination, delivered),
-                )
+            owned = [r[0] for r in cur]  # others: lease lost, the new owner sends them again
+            if not owned:
+                return
+            if slow:
+                self._record(cur, destination, [s for s in slow if s.stream in set(owned)], now)
+            cur.execute(finish, {**args, "owned": owned})
 
         self._run(fn, relaxed=True)
+
+    def _record(self, cur: Cursor, destination: str, slow: Sequence[Settlement], now: float) -> None:
+        """Attempts of retried/parked deliveries and dead-letter rows (before their deliveries go)."""
+        n = self.n
+        retries = [(s.attempts, s.error, now, s.delivery_id) for s in slow if s.kind == "retry"]
+        if retries:
+            cur.executemany(
+                f"UPDATE {n.deliveries} SET attempts = %s, last_error = %s, "
+                "first_attempt_at = COALESCE(first_attempt_at, %s) WHERE id = %s",
+                retries,
+            )
+        dead = [
+            (destination, s.stream, s.error or "", s.attempts, now, now, "dead" if s.kind == "dead" else "parked",
+             s.delivery_id if s.kind == "park" else None, s.delivery_id)
+            for s in slow if s.kind in ("dead", "park")
+        ]  # fmt: skip
+        if dead:
+            cur.executemany(
+                f"INSERT INTO {n.dead_letters} (event_seq, destination, stream, reason, attempts, "
+                "first_attempt_at, failed_at, state, delivery_id) "
+                "SELECT event_seq, %s, %s, %s, %s, COALESCE(first_attempt_at, %s), %s, %s, %s "
+                f"FROM {n.deliveries} WHERE id = %s",
+                dead,
+            )
+        parks = [(s.attempts, s.error, s.delivery_id) for s in slow if s.kind == "park"]
+        if parks:
+            cur.executemany(f"UPDATE {n.deliveries} SET attempts = %s, last_error = %s WHERE id = %s", parks)
 
     def next_due(self, destination: str) -> float | None:
         row = self._q(f"SELECT MIN(due_at) FROM {self.n.lanes} WHERE destination = %s AND NOT parked", (destination,))
         return None if row[0][0] is None else float(row[0][0])
 
+    def leased_elsewhere(self, destination: str, owner: str, now: float) -> float | None:
+        row = self._q(
+            f"SELECT MAX(due_at) FROM {self.n.lanes} WHERE destination = %s AND owner IS NOT NULL "
+            "AND owner <> %s AND due_at > %s",
+            (destination, owner, now),
+        )
+        return None if row[0][0] is None else float(row[0][0])
+
     def unrouted(self) -> int:
         return int(self._q(f"SELECT COUNT(*) FROM {self.n.events} WHERE NOT routed")[0][0])
 
+
+#: claim's second statement (see :meth:`RelayMixin.claim`); ``{n}`` gives the table names
+_CLAIM_SQL = (
+    "WITH head AS MATERIALIZED (SELECT l.o, l.stream, d.id, d.attempts, d.first_attempt_at, d.event_seq "
+    "  FROM unnest(%(locked)s::text[]) WITH ORDINALITY AS l(stream, o) "
+    "  CROSS JOIN LATERAL (SELECT id, attempts, first_attempt_at, event_seq FROM {n.deliveries} "
+    "    WHERE destination = %(dest)s AND stream = l.stream ORDER BY id LIMIT %(per_lane)s) d "
+    "  ORDER BY l.o, d.id LIMIT %(lim)s), "
+    "sized AS MATERIALIZED (SELECT h.*, e.attrs, row_number() OVER w AS rn, sum(octet_length(e.data)) OVER w AS run "
+    "  FROM head h JOIN {n.events} e ON e.seq = h.event_seq WINDOW w AS (ORDER BY h.o, h.id)), "
+    # running sums grow along the order, so this keeps a prefix of each lane; the first row always
+    "picked AS MATERIALIZED (SELECT * FROM sized WHERE rn = 1 OR run <= %(budget)s), "
+    "lease AS (UPDATE {n.lanes} SET owner = %(owner)s, due_at = %(until)s "
+    "  WHERE destination = %(dest)s AND stream IN (SELECT stream FROM picked)), "
+    # a locked lane whose deliveries are gone (counter drift) would be "due" forever
+    "empty AS (DELETE FROM {n.lanes} l WHERE destination = %(dest)s "
+    "  AND (SELECT count(*) FROM head) < %(lim)s AND stream = ANY(%(locked)s) "
+    "  AND NOT EXISTS (SELECT 1 FROM {n.deliveries} d WHERE d.destination = l.destination AND d.stream = l.stream)) "
+    "SELECT p.id, p.attempts, p.first_attempt_at, p.event_seq, p.attrs, e.data "
+    "FROM picked p JOIN {n.events} e ON e.seq = p.event_seq ORDER BY p.rn"
+)
+
+#: settle's second statement (lanes ``owned`` are locked): delete the delivered/dead deliveries of
+#: those lanes, release or drop the lanes, count the delivered
+_SETTLE_SQL = (
+    "WITH own AS MATERIALIZED (SELECT unnest(%(owned)s::text[]) AS stream), "
+    # by primary key, only rows of lanes in own (joined before the delete: never a scan of whole lanes)
+    "del AS (DELETE FROM {n.deliveries} d USING (SELECT g.* FROM "
+    "  unnest(%(gone)s::bigint[], %(ok)s::bool[], %(gone_streams)s::text[]) g(id, ok, stream) "
+    "  JOIN own USING (stream)) g "
+    "  WHERE d.id = g.id RETURNING d.stream, g.ok), "
+    "cnt AS MATERIALIZED (SELECT stream, count(*) AS removed, count(*) FILTER (WHERE ok) AS ok FROM del "
+    "  GROUP BY stream), "
+    "lane AS MATERIALIZED (SELECT u.stream, u.due, u.parked, COALESCE(c.removed, 0) AS removed "
+    "  FROM unnest(%(streams)s::text[], %(due)s::float8[], %(parked)s::bool[]) u(stream, due, parked) "
+    "  JOIN own USING (stream) LEFT JOIN cnt c USING (stream)), "
+    "upd AS (UPDATE {n.lanes} l SET pending = l.pending - lane.removed, owner = NULL, due_at = lane.due, "
+    "  parked = lane.parked FROM lane WHERE l.destination = %(dest)s AND l.stream = lane.stream "
+    "  AND l.pending - lane.removed > 0), "
+    "emptied AS (DELETE FROM {n.lanes} l USING lane WHERE l.destination = %(dest)s AND l.stream = lane.stream "
+    "  AND l.pending - lane.removed <= 0), "
+    "tot AS (INSERT INTO {n.destinations} (destination, delivered) "
+    "  SELECT %(dest)s, sum(ok) FROM cnt HAVING sum(ok) > 0 ON CONFLICT (destination) "
+    "  DO UPDATE SET delivered = {n.destinations}.delivered + excluded.delivered) "
+    "SELECT 1"
+)
