@@ -40,16 +40,17 @@ from outrelay import Event, EventBus, Outbox, parse_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def destination(backend: str, tag: str, kafka: str | None) -> dict[str, Any]:
+def destination(backend: str, tag: str, kafka: str | None, shards: int | None = None) -> dict[str, Any]:
+    extra: dict[str, Any] = {"group_shards": shards} if shards else {}
     if backend == "redis":
         return {"transport": "redis", "url": "redis://127.0.0.1:6379/0", "stream": f"outrelay:bench-bus:{tag}"}
     if backend == "nats":
         subject = f"bench.bus.{tag}"
+        stream = {"name": f"BENCH_BUS_{tag}".upper(), "subjects": [f"{subject}.>"], "storage": "memory"}
         return {"transport": "nats", "servers": ["nats://127.0.0.1:4222"], "subject": subject + ".{type}",
-                "create_stream": {"name": f"BENCH_BUS_{tag}".upper(), "subjects": [f"{subject}.>"],
-                                  "storage": "memory"}}  # fmt: skip
+                "create_stream": stream, **extra}  # fmt: skip
     if backend == "rabbitmq":
-        return {"transport": "rabbitmq", "exchange": f"bench-bus-{tag}", "declare_exchange": True}
+        return {"transport": "rabbitmq", "exchange": f"bench-bus-{tag}", "declare_exchange": True, **extra}
     if backend == "kafka":
         if not kafka:
             raise SystemExit("kafka needs --kafka HOST:PORT (e.g. a tansu broker; see tests/peers/kafka.py)")
@@ -71,7 +72,7 @@ def _toml(dest: dict[str, Any], outbox: str) -> str:
 
 
 async def throughput(args: argparse.Namespace) -> None:
-    dest = destination(args.backend, uuid.uuid4().hex[:8], args.kafka)
+    dest = destination(args.backend, uuid.uuid4().hex[:8], args.kafka, args.shards)
     cfg = parse_config({"destinations": {"bus": dest}})
     payload = {"pad": "x" * 1000}
     events = [Event(type="order.created", stream=f"s{i % 100}", data=payload) for i in range(args.count)]
@@ -113,7 +114,7 @@ outbox.close()
 
 async def latency(args: argparse.Namespace) -> None:
     tag = uuid.uuid4().hex[:8]
-    dest = destination(args.backend, tag, args.kafka)
+    dest = destination(args.backend, tag, args.kafka, args.shards)
     lat: list[float] = []
     total = int(args.rate * args.seconds)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -165,6 +166,7 @@ def main() -> None:
     p.add_argument("--prefetch", type=int, default=1000)
     p.add_argument("--rate", type=float, default=1000.0)
     p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--shards", type=int, default=None, help="group_shards (NATS, RabbitMQ); default: the transport's")
     p.add_argument("--kafka", default=None, help="bootstrap servers of a Kafka-API broker")
     args = p.parse_args()
     asyncio.run(throughput(args) if args.what == "throughput" else latency(args))

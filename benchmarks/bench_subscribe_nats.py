@@ -79,7 +79,7 @@ async def main() -> None:
     ap.add_argument("--streams", type=int, default=100)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--shards", type=int, default=1)
     args = ap.parse_args()
     url = os.environ.get("OUTRELAY_NATS_URL", "nats://127.0.0.1:4222")
     tag = uuid.uuid4().hex[:8]

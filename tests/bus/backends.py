@@ -80,6 +80,7 @@ async def make_backend(name: str, request: pytest.FixtureRequest) -> BusBackend:
             "servers": [url],
             "subject": subject + ".{type}",
             "create_stream": {"name": stream, "subjects": [f"{subject}.>"], "storage": "memory"},
+            "group_shards": 4,  # share the work between members (the default, 1, keeps one active member)
         }
         return BusBackend(name, opts, foreign_nats)
 

@@ -31,7 +31,8 @@ class Bus:
 
     def __init__(self, url: str, name: str, prefix: str) -> None:
         self.url, self.name, self.prefix = url, name, prefix
-        self.t = NatsTransport(NatsConfig(servers=(url,), subject=prefix + ".{stream}", expected_stream=name))
+        cfg = NatsConfig(servers=(url,), subject=prefix + ".{stream}", expected_stream=name, group_shards=4)
+        self.t = NatsTransport(cfg)
         self.backends: list[SubscriptionBackend] = []
         self.groups: set[str] = set()
 
@@ -199,6 +200,39 @@ class TestGroup:
             per_stream[m.stream].append(index(m))
         for stream, seq in per_stream.items():
             assert seq == sorted(seq), f"stream {stream} handled out of order after the takeover: {seq}"
+
+    async def test_default_single_shard_keeps_one_active_member(self, bus: Bus) -> None:
+        """With the default group_shards = 1, one member handles everything in order; a survivor takes over."""
+        cfg = NatsConfig(servers=(bus.url,), subject=bus.prefix + ".{stream}", expected_stream=bus.name)
+        t = NatsTransport(cfg)
+        group = "g" + uuid.uuid4().hex[:6]
+        spec = [SubscriptionSpec(target=f"{bus.prefix}.>", group=group, member=f"w{i}", claim_timeout=CLAIM)
+                for i in range(2)]  # fmt: skip
+        members = [t.subscription(s) for s in spec]
+        try:
+            for m in members:
+                await m.start()
+            sent = events(200, 10)
+            await bus.publish(sent)
+            async with asyncio.timeout(30):
+                got = [await drain(m, 200, limit=3) for m in members]
+            active = [i for i, g in enumerate(got) if g]
+            assert len(active) == 1, [len(g) for g in got]
+            assert [m.received.event.id for m in got[active[0]] if m.received] == [e.id for e in sent]
+            await members[active[0]].stop()
+            later = events(50, 10)
+            await bus.publish(later)
+            other = members[1 - active[0]]
+            async with asyncio.timeout(30):
+                took = await drain(other, 50, limit=CLAIM * 6)
+            assert [m.received.event.id for m in took if m.received] == [e.id for e in later]
+        finally:
+            for m in members:
+                await m.stop()
+            nc = await nats.connect(bus.url)
+            with contextlib.suppress(Exception):
+                await nc.jetstream().delete_key_value(names(bus.name, f"{bus.prefix}.>", group, 1)[0])
+            await nc.close()
 
     async def test_position_survives_all_members(self, bus: Bus) -> None:
         """All members stop, events are published, and a new member of the group gets exactly those."""

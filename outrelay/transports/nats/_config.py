@@ -72,11 +72,13 @@ class NatsConfig(TransportConfig):
     max_message_bytes: int = Field(1_000_000, ge=1, description="data bytes; headers use the rest of max_payload")
     name: str = "outrelay"
     group_shards: int = Field(
-        4,
+        1,
         ge=1,
         le=64,
-        description="subscriptions: shards per consumer group (the unit of load sharing and of per-stream order); "
-        "every member of a group must use the same value",
+        description="subscriptions: shards per consumer group, each held by one member at a time (the unit of load "
+        "sharing and of per-stream order); every shard reads every message, so more shards spread slow handlers "
+        "over members at the cost of reading each message that many times; 1: one active member, the others hot "
+        "standbys; every member of a group must use the same value",
     )
     # TLS: `tls = true` uses the system trust store; the files override it.
     tls: bool = False

@@ -58,7 +58,7 @@ from nats.js.kv import KeyValue
 from outrelay.core.errors import RetryableError, TransportError
 from outrelay.core.subscription import Inbound, SubscriptionSpec
 from outrelay.transports.nats._errors import mapped
-from outrelay.transports.nats._subscriber import NatsBackend, inbound, sanitize, stream_of
+from outrelay.transports.nats._subscriber import NatsBackend, fetch_ready, inbound, sanitize, stream_of
 
 if TYPE_CHECKING:
     from outrelay.transports.nats._transport import NatsTransport
@@ -259,7 +259,7 @@ class NatsGroup(NatsBackend):
                 await asyncio.sleep(wait)  # lease not renewed lately: another member may take it over soon
                 continue
             try:
-                msgs = await sub.fetch(batch=min(room, 256), timeout=wait)
+                msgs = await fetch_ready(sub, min(room, 256), wait)
             except TimeoutError:
                 continue
             except _NATS_ERRORS as exc:

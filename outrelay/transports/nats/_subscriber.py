@@ -21,7 +21,7 @@ after ``stop``.
 **Groups** (:class:`~outrelay.transports.nats._group.NatsGroup`): nats-server
 2.9 has no pinned consumers and no partitioned consumers, and one shared
 pull consumer hands consecutive messages of a stream to different members.
-So a group is split into ``group_shards`` shards (default 4), each a durable
+So a group is split into ``group_shards`` shards (default 1), each a durable
 pull consumer on the target; a message belongs to shard
 ``crc32(stream) % group_shards``. One member at a time holds a shard, by a
 lease in a JetStream KV bucket; it reads the whole target through the
@@ -68,10 +68,30 @@ if TYPE_CHECKING:
 
     from outrelay.transports.nats._transport import NatsTransport
 
-__all__ = ["NatsBackend", "NatsFanout", "derive_target", "inbound", "stream_of"]
+__all__ = ["NatsBackend", "NatsFanout", "derive_target", "fetch_ready", "inbound", "stream_of"]
 
 _PLACEHOLDER = re.compile(r"\{[a-z]+\}")
 
+
+
+#: how long the "what is waiting now" probe may take before we block for the next message instead
+_PROBE = 0.01
+
+
+async def fetch_ready(sub: JetStreamContext.PullSubscription, batch: int, wait: float) -> list[Msg]:
+    """What the consumer has for us now (up to ``batch``), else the next message within ``wait``.
+
+    nats-py's ``fetch(batch, timeout)`` first takes what is waiting (a ``no_wait`` pull), but when
+    nothing is, it holds a pull open until ``batch`` messages came or ``timeout`` passed — an event
+    trickling in would wait up to ``timeout``. So: a short fetch for what is waiting, then a pull of one.
+
+    :raises TimeoutError: nothing came within ``wait``.
+    """
+    try:
+        return await sub.fetch(batch=batch, timeout=min(_PROBE, wait))
+    except TimeoutError:
+        pass
+    return await sub.fetch(batch=1, timeout=wait)
 
 def derive_target(subject: str, *, destination: str) -> str:
     """The wildcard covering every subject the ``subject`` template renders.
@@ -264,7 +284,7 @@ class NatsFanout(NatsBackend):
             await self._replace_consumer()
         assert self._sub is not None
         try:
-            msgs = await self._sub.fetch(batch=max(1, min(max_messages, 1000)), timeout=max(0.01, timeout))
+            msgs = await fetch_ready(self._sub, max(1, min(max_messages, 1000)), max(0.01, timeout))
         except TimeoutError:  # nats-py raises its own and the builtin one; neither means an error
             return []
         except (nats.js.errors.NotFoundError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
