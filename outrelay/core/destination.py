@@ -45,7 +45,12 @@ class DestinationWorker:
         self.config = config
         caps = transport.capabilities
         self.batch_size = min(config.batch_size, caps.max_batch_count)
-        self.per_lane = config.per_stream if caps.ordered_batches else 1
+        #: events of one stream per batch: the configured per_stream, halved after an attempt that
+        #: ran out of attempt_timeout and grown back by one per batch delivered in time (a transport
+        #: sends a stream's events one after another, so a lane slower than the deadline would
+        #: otherwise be re-sent whole, forever)
+        self.max_per_lane = config.per_stream if caps.ordered_batches else 1
+        self.per_lane = self.max_per_lane
         self.wake = asyncio.Event()
         self.inflight: set[asyncio.Task[None]] = set()
         self.slots = asyncio.Semaphore(config.max_in_flight)
@@ -71,6 +76,10 @@ class DestinationWorker:
         else:
             log.debug("destination %s still failing: %s", self.name, error)
         self._outage = error
+
+    def outage_seconds(self) -> float | None:
+        """How long deliveries (or opening) have been failing without a success; None when healthy."""
+        return None if self._outage is None else time.monotonic() - self._outage_since
 
     def _recovered(self) -> None:
         if self._outage is not None:
@@ -225,6 +234,7 @@ class DestinationWorker:
             await self._settle(settlements, now)
             settled = True
             failures = [r for r in results if not isinstance(r, Delivered)]
+            self._adapt_lane(timed_out, failures)
             if len(failures) < len(results):
                 self._recovered()
             elif any(isinstance(r, RetryLater) for r in failures):
@@ -283,6 +293,17 @@ class DestinationWorker:
             self.relay.budget.free(size)
             self.slots.release()
             self.wake.set()
+
+    def _adapt_lane(self, timed_out: bool, failures: Sequence[SendResult]) -> None:
+        if timed_out and self.per_lane > 1:
+            self.per_lane = max(1, self.per_lane // 2)
+            log.info(
+                "destination %s: an attempt ran out of attempt_timeout; %d event(s) per stream per batch now",
+                self.name,
+                self.per_lane,
+            )
+        elif not timed_out and not failures and self.per_lane < self.max_per_lane:
+            self.per_lane += 1
 
     async def _settle(self, settlements: list[Settlement], now: float) -> None:
         """Settle, retrying while the outbox is unavailable: this relay keeps the
