@@ -31,12 +31,14 @@ from outrelay.core.errors import (
     UnknownTransportError,
     UsageError,
 )
+from outrelay.core.history import read_stream, scan
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.ids import uuid7
 from outrelay.core.inbox import Inbox
 from outrelay.core.outbox import Outbox
 from outrelay.core.registry import Registry
 from outrelay.core.relay import Relay, RunSummary
+from outrelay.core.replay import Projection, ReplayResult, rebuild, replay, replay_many
 from outrelay.core.subscriber import Subscription, SubscriptionStats
 from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
 from outrelay.core.transport import (
@@ -51,6 +53,7 @@ from outrelay.core.transport import (
     Transport,
     TransportConfig,
 )
+from outrelay.core.upcasting import Upcasters, default_upcasters, upcast
 
 __all__ = [
     "BusConfig",
@@ -72,11 +75,13 @@ __all__ = [
     "OutrelayConfig",
     "OutrelayError",
     "PermanentError",
+    "Projection",
     "Reader",
     "Received",
     "Registry",
     "Rejected",
     "Relay",
+    "ReplayResult",
     "RetryLater",
     "RetryPolicy",
     "RetryableError",
@@ -93,10 +98,18 @@ __all__ = [
     "TransportConfig",
     "TransportError",
     "UnknownTransportError",
+    "Upcasters",
     "UsageError",
     "__version__",
+    "default_upcasters",
     "hookimpl",
     "load_config",
     "parse_config",
+    "read_stream",
+    "rebuild",
+    "replay",
+    "replay_many",
+    "scan",
+    "upcast",
     "uuid7",
 ]

@@ -1,5 +1,5 @@
 """``python -m outrelay`` runs the CLI."""
 
-from outrelay.core.cli.main import main
+from outrelay.cli.main import main
 
 main()

@@ -1,4 +1,4 @@
-"""Helpers for tests that need real services (see TEST-PEERS.md)."""
+"""Helpers for tests that need real services (see docs/testing.md)."""
 
 from __future__ import annotations
 

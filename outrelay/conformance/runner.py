@@ -24,6 +24,11 @@ reason). The label in the report says which mode ran. Per-check targets
 (``orconf-<check>-<uuid8>``, and the probe's ``orconf-probe-<uuid8>``) stay
 behind on the broker: delete them afterwards if the broker keeps them.
 
+A transport without a broker to read back from (webhooks) may give a
+classmethod ``conformance_local_peer(config)``: the runner then starts that
+peer per check and points a copy of the destination at it, and the label
+(printed first, and in the report) says so.
+
 Broker-down checks need an endpoint where nothing listens: a transport class
 may give ``conformance_unreachable_options: ClassVar[Mapping[str, Any]]``
 (option overrides, e.g. ``{"bootstrap_servers": "127.0.0.1:1"}``); without
@@ -143,6 +148,9 @@ def build_target(
         assert option is not None
         return build({option: _per_check_value(option, options.get(option), target)})
 
+    local = getattr(cls, "conformance_local_peer", None)
+    if local is not None and isolate is not False:
+        return _local_peer_target(destination, dest.transport, local(base.config), build, read_timeout, timeout)
     why = ""
     if isolate is False:
         why = "per-check targets disabled"
@@ -174,6 +182,29 @@ def build_target(
     )
 
 
+def _local_peer_target(
+    destination: str,
+    transport: str,
+    peer: Mapping[str, Any],
+    build: Callable[[Mapping[str, Any]], Transport],
+    read_timeout: float,
+    timeout: float,
+) -> ConformanceTarget:
+    """Checks against a peer the runner starts itself (a transport class's ``conformance_local_peer(config)``:
+    ``provision``, the target ``option``, ``overrides``, ``unreachable(name)`` option overrides, a ``note``)."""
+    option: str = peer["option"]
+    overrides: Mapping[str, Any] = peer.get("overrides", {})
+    unreachable: Callable[[str], Mapping[str, Any]] | None = peer.get("unreachable")
+    return ConformanceTarget(
+        make_transport=lambda target: build({**overrides, option: target}),
+        provision=peer["provision"],
+        make_unreachable=(lambda name: build({**overrides, **unreachable(name)})) if unreachable else None,
+        label=f"{destination} ({transport}; {peer.get('note', 'a local peer per check')})",
+        read_timeout=read_timeout,
+        timeout=timeout,
+    )
+
+
 def _plugin_arg() -> str:
     """How to load the conformance plugin with ``-p`` whether or not autoload is on."""
     for ep in md.entry_points(group="pytest11"):
@@ -202,6 +233,7 @@ def run_conformance(
     :raises ConfigError: see :func:`build_target`.
     """
     target = build_target(config_path, destination, isolate=isolate, read_timeout=read_timeout, timeout=timeout)
+    print(f"conformance: {target.label}", flush=True)  # says which peer and mode the checks run against
     with tempfile.TemporaryDirectory(prefix="outrelay-conformance-") as tmp:
         root = Path(tmp)
         (root / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")

@@ -101,9 +101,12 @@ class EventBus:
     def memory(cls, broker: str = "bus", **kwargs: Any) -> EventBus:
         """The in-process bus on the memory broker ``broker`` (a memory destination with
         ``broker = "bus"`` publishes to it): same semantics as the broker backends."""
-        from outrelay.transports.memory import MemoryConfig, MemoryTransport
+        # looked up by name: core never imports a transport (the registry knows the built-ins)
+        from outrelay.core.registry import Registry
 
-        return cls(MemoryTransport(MemoryConfig(broker=broker), destination=f"memory:{broker}"), **kwargs)
+        registry = Registry(autoload=False)
+        transport = registry.create_transport("memory", {"broker": broker}, destination=f"memory:{broker}")
+        return cls(transport, **kwargs)
 
     @classmethod
     def from_config(

@@ -132,6 +132,9 @@ class OutboxConfig(_Frozen):
     retention_days: float | None = Field(
         None, ge=0, description="delete delivered events older than this; None keeps all (replay reads history)"
     )
+    retention_per_stream: int | None = Field(
+        None, ge=1, description="keep only the newest N events of each stream once delivered; None: no count limit"
+    )
     max_event_bytes: int | None = Field(
         8 * 1024 * 1024,
         ge=1,

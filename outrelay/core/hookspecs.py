@@ -21,6 +21,7 @@ import pluggy
 if TYPE_CHECKING:
     from outrelay.core.registry import Registry
     from outrelay.core.transport import Message, SendResult
+    from outrelay.core.upcasting import Upcasters
 
 __all__ = ["hookimpl", "hookspec"]
 
@@ -75,4 +76,19 @@ def outrelay_batch_settled(
     Called once per batch (not per message) after settlement; ``elapsed`` is
     the send time in seconds. Must not block: metrics and tracing plugins
     record here.
+    """
+
+
+# -------------------------------------------------------------------------
+# event versioning
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def outrelay_add_upcasters(registry: Upcasters) -> None:
+    """Register upcasters with ``registry.register(type, from_version, fn)``.
+
+    Called once per process, when the first event is read through
+    :func:`outrelay.core.upcasting.default_upcasters`. A step registered by
+    two plugins is an error naming type and version.
     """

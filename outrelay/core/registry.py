@@ -184,7 +184,7 @@ def format_validation_error(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_input=False, include_url=False):
         loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")  # pydantic's wording for our own validators' messages
         if err["type"] == "extra_forbidden":
             msg = "unknown option (check the spelling)"
         parts.append(f"{loc}: {msg}" if loc else msg)

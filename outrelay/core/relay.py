@@ -77,12 +77,21 @@ class RunSummary:
 def build_transports(config: OutrelayConfig, registry: Registry) -> dict[str, Transport]:
     """Instantiate every configured destination's transport (no I/O).
 
-    :raises ConfigError: unknown transport, missing extra, invalid options.
+    :raises ConfigError: unknown transport, missing extra, invalid options — every
+        destination's problems at once (one error is raised as it is).
     """
-    return {
-        name: registry.create_transport(d.transport, d.options, destination=name)
-        for name, d in config.destinations.items()
-    }
+    built: dict[str, Transport] = {}
+    errors: list[ConfigError] = []
+    for name, d in config.destinations.items():
+        try:
+            built[name] = registry.create_transport(d.transport, d.options, destination=name)
+        except ConfigError as exc:  # go on: the operator fixes all of them in one edit
+            errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigError("; ".join(str(e) for e in errors))
+    return built
 
 
 class Relay:
@@ -92,6 +101,10 @@ class Relay:
     their destination options default to :class:`DestinationConfig` values
     unless ``config.destinations`` names them too.
     """
+
+    #: seconds between retention rounds, and rows deleted per retention transaction
+    retention_interval: float = 60.0
+    retention_batch: int = 500
 
     def __init__(
         self,
@@ -199,8 +212,8 @@ class Relay:
         }
         tasks = [asyncio.create_task(self._route_loop(), name="outrelay-router")]
         tasks += [asyncio.create_task(w.run(), name=f"outrelay-{n}") for n, w in self.workers.items()]
-        if self.config.outbox.retention_days is not None:
-            tasks.append(asyncio.create_task(self._retention_loop()))
+        if self.config.outbox.retention_days is not None or self.config.outbox.retention_per_stream is not None:
+            tasks.append(asyncio.create_task(self._retention_loop(), name="outrelay-retention"))
         if drain:
             tasks.append(asyncio.create_task(self._drain_monitor()))
         renewer = asyncio.create_task(self._lease_loop(), name="outrelay-leases")
@@ -290,13 +303,32 @@ class Relay:
                 log.warning("could not renew leases (%s); retrying in %.1fs", exc, lease / 3)
 
     async def _retention_loop(self) -> None:
+        """Prune delivered history every :attr:`retention_interval` seconds, one
+        :attr:`retention_batch`-row transaction per store call, so deliveries
+        interleave between batches."""
+        interval, batch = self.retention_interval, self.retention_batch
         days = self.config.outbox.retention_days
-        assert days is not None
+        keep = self.config.outbox.retention_per_stream
         while not self.stopping:
-            removed = await self.db(self.store.prune, time.time() - days * 86400)
+            cutoff = None if days is None else time.time() - days * 86400
+            removed = 0
+            try:
+                while not self.stopping:
+                    n = await self.db(self.store.prune, cutoff, keep_last=keep, batch=batch, max_batches=1)
+                    removed += n
+                    if n < batch:
+                        break
+                    await asyncio.sleep(0.01)  # let the router's and destinations' store calls in
+            except StoreError as exc:  # history can wait for the next round; delivery must not stop for it
+                log.warning("retention: pruning failed (%s); retrying in %.0fs", exc, interval)
             if removed:
-                log.info("retention: removed %d delivered events older than %s days", removed, days)
-            await asyncio.sleep(60)
+                log.info(
+                    "retention: removed %d delivered events (older than %s days / beyond %s per stream)",
+                    removed,
+                    days,
+                    keep,
+                )
+            await asyncio.sleep(interval)
 
     async def _drain_monitor(self) -> None:
         bound = self.config.relay.drain_retry_bound

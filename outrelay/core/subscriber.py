@@ -7,6 +7,9 @@ the behaviour users rely on. Here, the mechanics:
   messages are unacked, and appends each to its stream's *lane*;
 * a lane has at most one worker task (so a stream is never handled twice at
   once, and in arrival order); at most ``concurrency`` workers run;
+* each event is upcast to its type's current version before the handler
+  sees it (:func:`outrelay.core.upcasting.upcast`); an event with no
+  upcaster path is dead-lettered (or parks its stream) at once;
 * a parked stream's lane keeps its messages unacked and has no worker until
   the operator's replay succeeds or the dead letter is purged (seen by a
   poll of the dead-letter table every ``poll_interval`` seconds, which also
@@ -33,9 +36,10 @@ from outrelay.core import cloudevents
 from outrelay.core.config import RetryPolicy
 from outrelay.core.consumer_dlq import ConsumerDeadLetter, ConsumerDeadLetters
 from outrelay.core.envelope import Event
-from outrelay.core.errors import OutrelayError, PermanentError, RetryableError, TransportError
+from outrelay.core.errors import EventError, OutrelayError, PermanentError, RetryableError, TransportError
 from outrelay.core.retry import backoff_delay
 from outrelay.core.subscription import Inbound, SubscriptionBackend
+from outrelay.core.upcasting import upcast
 
 __all__ = ["Handler", "Subscription", "SubscriptionStats"]
 
@@ -238,13 +242,19 @@ class Subscription:
             self.stats.skipped += 1
             await self._ack(m)
             return True
-        outcome = await self._attempts(event)
-        if outcome is None:
-            self.stats.handled += 1
-            await self._ack(m)
-            return True
-        if self._stopping and outcome[1] < self._max_attempts:
-            return False
+        try:
+            event = upcast(event)  # handlers see every event at its type's current version
+        except EventError as exc:  # no upcaster path: retrying cannot help
+            outcome: tuple[str, int, float] | None = (f"cannot upcast: {exc}", 0, time.time())
+        else:
+            outcome = await self._attempts(event)
+            if outcome is None:
+                self.stats.handled += 1
+                await self._ack(m)
+                return True
+            if self._stopping and outcome[1] < self._max_attempts:
+                return False
+        assert outcome is not None
         reason, attempts, first = outcome
         await self._record(event, reason, attempts, first, "parked" if self._park else "dead")
         if self._park:

@@ -4,6 +4,7 @@ A plugin like any other: it observes ``outrelay_batch_settled`` (one call per
 batch, never per message) and, on each scrape, reads the queue depth, DLQ
 size and oldest pending age from the outbox — the same facts as ``outrelay
 status``, so every relay process of one PostgreSQL outbox reports them alike.
+The same port answers ``/healthz`` and ``/readyz`` (:mod:`outrelay.plugins.health`).
 
 Metric names (all labelled by ``destination``)::
 
@@ -29,6 +30,7 @@ from typing import Any
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.stores.base import DestinationStatus
 from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult
+from outrelay.plugins.health import Health
 
 __all__ = ["Metrics", "serve_metrics"]
 
@@ -103,19 +105,36 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
-async def serve_metrics(relay: Any, metrics: Metrics, host: str, port: int) -> asyncio.Server:
-    """Serve ``GET /metrics`` for ``relay`` on ``host:port`` (HTTP/1.0, one request per connection)."""
+async def serve_metrics(
+    relay: Any, metrics: Metrics, host: str, port: int, health: Health | None = None
+) -> asyncio.Server:
+    """Serve ``GET /metrics``, ``/healthz`` and ``/readyz`` (see :mod:`outrelay.plugins.health`) for
+    ``relay`` on ``host:port`` (HTTP/1.0, one request per connection). Without ``health``, one with
+    the default stall threshold is registered on the relay's plugin manager.
+
+    :raises OSError: the port cannot be bound.
+    """
+    if health is None:
+        health = Health(relay)
+        relay.registry.pm.register(health)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await asyncio.wait_for(reader.readline(), 5)
             while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
                 pass
-            if line.split(b" ")[1:2] == [b"/metrics"]:
+            path = line.split(b" ")[1:2]
+            if path == [b"/metrics"]:
                 status = await relay.db(relay.store.status, list(relay.transports), time.time())
                 body, code = metrics.render(status).encode(), b"200 OK"
+            elif path == [b"/healthz"]:
+                body, code = b"ok\n", b"200 OK"
+            elif path == [b"/readyz"]:
+                verdict = await health.readiness()
+                body = verdict.body().encode()
+                code = b"200 OK" if verdict.ready else b"503 Service Unavailable"
             else:
-                body, code = b"see /metrics\n", b"404 Not Found"
+                body, code = b"see /metrics, /healthz or /readyz\n", b"404 Not Found"
             writer.write(
                 b"HTTP/1.0 " + code + b"\r\nContent-Type: text/plain; version=0.0.4\r\n"
                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body

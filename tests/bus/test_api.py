@@ -211,3 +211,34 @@ def redis_url() -> str:
     if not port_open("127.0.0.1", 6379):
         need("Redis", "nothing listens on 127.0.0.1:6379")
     return "redis://127.0.0.1:6379/0"
+
+
+class TestUpcasting:
+    async def test_handlers_see_the_current_version(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """An event stored at v1 reaches the handler at v2 through the registered upcaster; one with no
+        path is dead-lettered with the reason."""
+        from outrelay.core import upcasting
+
+        registry = upcasting.Upcasters()
+        registry.register("order.placed", "1", lambda d: {**d, "currency": "EUR"})
+        monkeypatch.setattr(upcasting, "_default", registry)
+        got: list[Event] = []
+        async with EventBus.memory() as bus:
+            sub = await bus.subscribe(got.append, group="g")
+            await bus.publish([Event(type="order.placed", stream="o", data={"n": 1}, event_version="0")])
+            for _ in range(200):
+                if sub.stats.dead_lettered:
+                    break
+                await asyncio.sleep(0.01)
+            dlq = bus.dead_letters
+            assert dlq is not None
+            [dl] = dlq.entries(consumer="g")
+        assert got == [] and "no upcaster goes from 0 towards 2" in dl.reason
+        async with EventBus.memory() as bus:
+            await bus.subscribe(got.append, group="g")
+            await bus.publish([Event(type="order.placed", stream="o", data={"n": 1}, event_version="1")])
+            for _ in range(200):
+                if got:
+                    break
+                await asyncio.sleep(0.01)
+        assert [(e.event_version, e.json()) for e in got] == [("2", {"n": 1, "currency": "EUR"})]

@@ -74,8 +74,8 @@ class TestErrors:
         )
 
     def test_bad_event_type(self, cli: Cli, project: Path) -> None:
-        """An invalid event type is a one-line error and nothing is appended."""
-        assert_one_line_error(cli("emit", "--type", "bad type", "--stream", "s"), "event type", code=1)
+        """An invalid event type is a one-line usage error (exit 2, like bad --data) and nothing is appended."""
+        assert_one_line_error(cli("emit", "--type", "bad type", "--stream", "s"), "event type")
 
 
 class TestWorkflow:

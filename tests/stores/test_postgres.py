@@ -293,14 +293,12 @@ class TestSchemaOptions:
 
 
 class TestRetention:
-    def test_prune_deletes_in_batches(self, outbox: Outbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_prune_deletes_in_batches(self, outbox: Outbox) -> None:
         """Pruning removes every eligible event, a small batch per transaction."""
-        from outrelay.core.stores import postgres_ops
-
-        monkeypatch.setattr(postgres_ops, "PRUNE_BATCH", 10)
         outbox.append([ev("s", i) for i in range(25)])
         drain_ids(outbox.store)  # type: ignore[arg-type]
-        assert outbox.store.prune(time.time() + 60) == 25
+        assert outbox.store.prune(time.time() + 60, batch=10, max_batches=1) == 10
+        assert outbox.store.prune(time.time() + 60, batch=10) == 15
         assert outbox.store.events() == []
 
     def test_prune_does_not_wait_for_open_appends(self, outbox: Outbox, app_conn: psycopg.Connection) -> None:

@@ -34,7 +34,16 @@ from typing import Any, Literal
 
 from outrelay.core.envelope import Event
 
-__all__ = ["Claimed", "DeadLetter", "DestinationStatus", "SettleKind", "Settlement", "Store"]
+__all__ = [
+    "Claimed",
+    "DeadLetter",
+    "DestinationStatus",
+    "HistoryFilter",
+    "SettleKind",
+    "Settlement",
+    "Snapshot",
+    "Store",
+]
 
 SettleKind = Literal["delivered", "retry", "dead", "park", "hold"]
 
@@ -127,6 +136,35 @@ class DeadLetter:
             "failed_at": self.failed_at,
             "state": self.state,
         }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HistoryFilter:
+    """Which events a history read returns; every field left empty matches all.
+
+    ``types`` are shell-style globs (``order.*``, ``*.created``) matched
+    case-sensitively; ``since``/``until`` bound the event ``time`` (Unix
+    seconds, ``since <= time < until``).
+    """
+
+    stream: str | None = None
+    types: tuple[str, ...] = ()
+    tenant: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A projection's state after folding ``stream`` up to ``sequence``."""
+
+    name: str
+    stream: str
+    version: str
+    sequence: int
+    events: int
+    state: bytes
+    created_at: float
 
 
 class Store(ABC):
@@ -282,10 +320,72 @@ class Store(ABC):
         """Queue history (``sequence > after``, one stream or all) to
         ``destination`` again. Returns the count queued."""
 
+    def history(self, where: HistoryFilter, *, after: int = 0, limit: int = 1000) -> list[Event]:
+        """One page of the log: events matching ``where`` with ``sequence >
+        after``, in sequence order, at most ``limit``. Callers page by passing
+        the last sequence back (keyset pagination: each page costs the same
+        however long the log is). Default: filters :meth:`events` pages in
+        Python (a store should push the filter into its query)."""
+        from outrelay.core.history import matches
+
+        out: list[Event] = []
+        while len(out) < limit:
+            page = self.events(stream=where.stream, after=after, limit=limit)
+            if not page:
+                break
+            out += [e for e in page if matches(where, e)]
+            after = page[-1].sequence or after
+        return out[:limit]
+
+    def history_lean(self, stream: str, *, after: int = 0, limit: int = 1000) -> list[tuple[int, str, Any, bytes]]:
+        """One page of ``stream`` as ``(sequence, type, version, data)`` rows,
+        in sequence order: what a fold needs, without decoding the rest of
+        each envelope (see :mod:`outrelay.core.lean`). ``version`` is the
+        event_version (str), or the stored envelope JSON (bytes) for the
+        reader to find it in when it needs it. Default: from :meth:`history`."""
+        page = self.history(HistoryFilter(stream=stream), after=after, limit=limit)
+        return [(e.sequence or 0, e.type, e.event_version, e.data) for e in page]
+
+    def replay_events(self, destination: str, sequences: Sequence[int], *, now: float) -> int:
+        """Queue the routed events among ``sequences`` to ``destination`` again,
+        in sequence order, in one transaction (``outrelay replay`` pages
+        through a filtered history with it). Unrouted or unknown sequences are
+        skipped. Returns the count queued.
+
+        :raises StoreError: the store cannot (the default)."""
+        from outrelay.core.errors import StoreError
+
+        raise StoreError(f"{type(self).__name__} cannot replay selected events; use the SQLite or PostgreSQL outbox")
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        """Store ``snapshot``, replacing the one kept for (name, stream).
+
+        :raises StoreError: the store keeps no snapshots (the default)."""
+        from outrelay.core.errors import StoreError
+
+        raise StoreError(f"{type(self).__name__} keeps no snapshots; use the SQLite or PostgreSQL outbox")
+
+    def load_snapshot(self, name: str, stream: str) -> Snapshot | None:
+        """The snapshot kept for (``name``, ``stream``), or None. Default: None."""
+        return None
+
     @abstractmethod
-    def prune(self, older_than: float) -> int:
-        """Delete delivered, routed events older than ``older_than`` that no
-        delivery or dead letter refers to. Returns the count."""
+    def prune(
+        self,
+        older_than: float | None,
+        *,
+        keep_last: int | None = None,
+        batch: int = 1000,
+        max_batches: int | None = None,
+    ) -> int:
+        """Delete delivered history: routed events that no delivery or dead
+        letter refers to, and that are older than ``older_than`` (None: any
+        age) or, with ``keep_last``, not among the last ``keep_last`` events
+        of their stream. Both given: an event goes when either says so.
+        Neither: nothing is deleted. Deletes in transactions of at most
+        ``batch`` rows so appends and deliveries are never held up for long,
+        at most ``max_batches`` of them (None: until nothing is left).
+        Returns the count. An undelivered event is never deleted."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -40,7 +40,9 @@ import psycopg.errors
 from outrelay.core.envelope import Event
 from outrelay.core.errors import StoreError
 from outrelay.core.stores.base import Store
+from outrelay.core.stores.lanes import PostgresLanesMixin
 from outrelay.core.stores.postgres_append import append_async, append_sync, map_append_error
+from outrelay.core.stores.postgres_history import HistoryMixin
 from outrelay.core.stores.postgres_ops import OperatorMixin
 from outrelay.core.stores.postgres_pool import ConnectionPool, Listener, parse_url, redact
 from outrelay.core.stores.postgres_relay import RelayMixin
@@ -54,7 +56,7 @@ Cursor = psycopg.Cursor[Any]
 _TRANSIENT = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure, psycopg.errors.LockNotAvailable)
 
 
-class PostgresStore(RelayMixin, OperatorMixin, Store):
+class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin, Store):
     """See the module docstring. Options (URL query or keyword): ``schema``,
     ``prefix``, ``pool_size`` (connections = relay store threads), ``notify``,
     ``migrate`` (create/upgrade tables on open; else only check the version).
@@ -210,4 +212,3 @@ def _line(exc: BaseException) -> str:
 def _is_db_error(exc: BaseException) -> bool:
     """A SQLAlchemy DBAPIError (checked by name: SQLAlchemy is optional)."""
     return any(c.__name__ == "DBAPIError" and c.__module__.startswith("sqlalchemy") for c in type(exc).__mro__)
-

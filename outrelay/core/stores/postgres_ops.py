@@ -1,9 +1,6 @@
-"""Operator side of the PostgreSQL outbox: status, dead letters, replay,
-purge, history and retention — the same meaning as the SQLite store.
-
-Retention (:meth:`OperatorMixin.prune`) deletes in small batches, each its
-own short transaction, skipping rows another transaction holds
-(``SKIP LOCKED``), so it never blocks appends or the relay.
+"""Operator side of the PostgreSQL outbox: status, dead letters, replay and
+purge — the same meaning as the SQLite store (history reads, snapshots and
+retention live in :mod:`.postgres_history`).
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ if TYPE_CHECKING:
 __all__ = ["OperatorMixin"]
 
 T = TypeVar("T")
-PRUNE_BATCH = 1000
 
 
 class OperatorMixin:
@@ -230,25 +226,3 @@ class OperatorMixin:
             return count
 
         return self._run(fn)
-
-    def prune(self, older_than: float) -> int:
-        """Delete, in batches of :data:`PRUNE_BATCH`, routed events older than
-        ``older_than`` that no delivery or dead letter refers to."""
-        n = self.n
-        sql = (
-            f"DELETE FROM {n.events} WHERE seq IN (SELECT seq FROM {n.events} e WHERE routed AND time < %s "
-            f"AND NOT EXISTS (SELECT 1 FROM {n.deliveries} d WHERE d.event_seq = e.seq) "
-            f"AND NOT EXISTS (SELECT 1 FROM {n.dead_letters} dl WHERE dl.event_seq = e.seq) "
-            "ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED)"
-        )
-
-        def batch(cur: Cursor) -> int:
-            cur.execute(sql, (older_than, PRUNE_BATCH))
-            return cur.rowcount
-
-        total = 0
-        while True:
-            removed = self._run(batch)
-            total += removed
-            if removed < PRUNE_BATCH:
-                return total

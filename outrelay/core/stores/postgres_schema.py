@@ -90,6 +90,21 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             )""",
         ),
     ),
+    (
+        "replay snapshots",
+        (
+            """CREATE TABLE {schema}."{p}snapshots" (
+                name text NOT NULL,
+                stream text NOT NULL,
+                version text NOT NULL,
+                seq bigint NOT NULL,
+                events bigint NOT NULL,
+                state bytea NOT NULL,
+                created_at double precision NOT NULL,
+                PRIMARY KEY (name, stream)
+            )""",
+        ),
+    ),
 )
 
 
@@ -104,7 +119,16 @@ class Names:
         self.schema_name = schema
         self.prefix = prefix
         self.schema = f'"{schema}"'
-        for table in ("events", "deliveries", "lanes", "dead_letters", "destinations", "relays", "migrations"):
+        for table in (
+            "events",
+            "deliveries",
+            "lanes",
+            "dead_letters",
+            "destinations",
+            "relays",
+            "snapshots",
+            "migrations",
+        ):
             setattr(self, table, f'"{schema}"."{prefix}{table}"')
         #: the NOTIFY channel appends and routing signal on
         self.channel = f"{schema}.{prefix}events"
@@ -118,6 +142,7 @@ class Names:
     dead_letters: str
     destinations: str
     relays: str
+    snapshots: str
     migrations: str
 
     def fill(self, stmt: str) -> str:

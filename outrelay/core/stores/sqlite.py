@@ -24,6 +24,8 @@ import orjson
 from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError, StoreError, StoreLockedError
 from outrelay.core.stores.base import Claimed, Settlement, Store
+from outrelay.core.stores.lanes import SQLiteLanesMixin
+from outrelay.core.stores.sqlite_history import SQLiteHistoryMixin
 from outrelay.core.stores.sqlite_ops import SQLiteOperatorMixin
 from outrelay.core.stores.sqlite_schema import MIGRATIONS
 from outrelay.core.stores.sqlite_watch import CommitWatcher
@@ -66,7 +68,7 @@ def _busy(db: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> sqlite3
             delay = min(delay * 1.5, 0.005)
 
 
-class SQLiteStore(SQLiteOperatorMixin, Store):
+class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, Store):
     """See the module docstring. Thread-safe: one connection, one lock."""
 
     max_workers = 1

@@ -1,4 +1,5 @@
-"""The SQLite outbox's operator side: status, dead letters, replay, retention.
+"""The SQLite outbox's operator side: status, dead letters, replay (history and
+retention live in :mod:`.sqlite_history`).
 
 A mixin of :class:`~outrelay.core.stores.sqlite.SQLiteStore` (the relay's hot
 path lives there). Every write here commits durably (never ``relaxed``): an
@@ -189,13 +190,3 @@ class SQLiteOperatorMixin:
                 self._enqueue(db, destination, s, seq, now)
                 count += 1
         return count
-
-    def prune(self, older_than: float) -> int:
-        with self._tx() as db:
-            cur = db.execute(
-                "DELETE FROM outrelay_events WHERE seq <= ? AND time < ? "
-                "AND seq NOT IN (SELECT event_seq FROM outrelay_deliveries) "
-                "AND NOT EXISTS (SELECT 1 FROM outrelay_dead_letters dl WHERE dl.event_seq = seq)",
-                (self._cursor(db), older_than),
-            )
-            return cur.rowcount

@@ -71,4 +71,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 3: no index on deliveries.event_seq. Every routed event paid for it twice (insert, delete);
     # only pruning read it, and pruning now looks the pending sequences up once per run.
     ("DROP INDEX IF EXISTS outrelay_deliveries_event",),
+    # 4: replay snapshots, one per (projection name, stream); history reads use outrelay_events_stream
+    (
+        """CREATE TABLE outrelay_snapshots (
+            name TEXT NOT NULL,
+            stream TEXT NOT NULL,
+            version TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            events INTEGER NOT NULL,
+            state BLOB NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (name, stream)
+        )""",
+    ),
 )

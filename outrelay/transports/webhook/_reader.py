@@ -14,6 +14,8 @@ transport under test posts there, and ``reader(url)`` reads it.
 from __future__ import annotations
 
 import asyncio
+import functools
+import socket
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,7 +24,7 @@ from outrelay.core.transport import Reader, Received
 from outrelay.transports.webhook._signing import Secrets
 from outrelay.transports.webhook.receiver import WebhookReceiver, WebhookRequest
 
-__all__ = ["WebhookReader", "provision_receiver"]
+__all__ = ["WebhookReader", "local_peer", "provision_receiver"]
 
 
 class WebhookReader(Reader):
@@ -104,3 +106,25 @@ async def provision_receiver(name: str, secrets: Secrets = None, *, host: str = 
     if not ready.done():
         task.result()  # re-raises why the receiver could not start
     return f"{ready.result()}/{name.strip('/')}"
+
+
+def local_peer(secrets: Secrets) -> dict[str, Any]:
+    """What ``outrelay conformance`` needs to certify a webhook destination without a broker to read
+    back from: a local :class:`WebhookReceiver` per check (verifying ``secrets``, the destination's own),
+    the option to point a copy of the destination at it (``url``, with ``allow_private_network``), an
+    endpoint where nothing listens for the broker-down checks, and a note for the report."""
+
+    def unreachable(name: str) -> dict[str, Any]:
+        with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return {"url": f"http://127.0.0.1:{port}/{name}", "timeout": 2.0}
+
+    return {
+        "provision": functools.partial(provision_receiver, secrets=secrets),
+        "option": "url",
+        "overrides": {"allow_private_network": True},
+        "unreachable": unreachable,
+        "note": "a local WebhookReceiver per check, verifying the configured secret; the configured url is not "
+        "contacted",
+    }

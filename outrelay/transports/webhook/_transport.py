@@ -199,6 +199,14 @@ class WebhookTransport(Transport):
         signing = f"signed with {len(self._keys)} secret(s)" if self._keys else "unsigned"
         return f"{safe_url(url)} reachable (HEAD answered {response.status}; {self.cfg.mode} mode, {signing})"
 
+    @classmethod
+    def conformance_local_peer(cls, config: WebhookConfig) -> dict[str, Any]:
+        """A webhook has no broker to read back from: ``outrelay conformance`` starts a local receiver
+        per check and points a copy of the destination at it (see :func:`._reader.local_peer`)."""
+        from outrelay.transports.webhook._reader import local_peer
+
+        return local_peer(config.secrets() or None)
+
     def reader(self, target: str, **options: Any) -> Reader:
         """Read what a running :class:`~outrelay.transports.webhook.receiver.WebhookReceiver`
         at ``target`` accepted. :raises UsageError: no receiver serves ``target``."""

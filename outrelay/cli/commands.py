@@ -8,37 +8,40 @@ import logging
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import typer
 
-from outrelay.core.cli._common import (
+from outrelay.cli._common import (
     ConfigOption,
     config_context,
     console,
     err_console,
+    error_line,
     load,
-    mask,
-    secrets_of,
+    require_destinations,
     setup_logging,
 )
+from outrelay.cli._summary import startup_line, summary_doc
 from outrelay.core.envelope import Event
-from outrelay.core.errors import ConfigError, OutrelayError, StoreError, StoreLockedError
+from outrelay.core.errors import ConfigError, StoreError, StoreLockedError
 from outrelay.core.outbox import Outbox
 from outrelay.core.registry import Registry
 from outrelay.core.relay import Relay
+from outrelay.plugins.health import DEFAULT_STALL_AFTER
 
 __all__ = ["register"]
 
 log = logging.getLogger("outrelay.relay")
 
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]
+
 
 def register(app: typer.Typer) -> None:
     app.command("run")(run)
     app.command("emit")(emit)
-    app.command("status")(status)
-    app.command("check")(check)
     app.command("transports")(transports)
 
 
@@ -47,14 +50,28 @@ def run(
     drain: bool = typer.Option(
         False, "--drain", help="Deliver what is pending (and retries due soon), then exit: 0 if nothing is left."
     ),
-    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
-    log_format: str = typer.Option("text", "--log-format", help="text or json."),
-    metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus /metrics on this port (0: off)."),
+    log_level: LogLevel = typer.Option("info", "--log-level", help="Log threshold."),
+    log_format: LogFormat = typer.Option("text", "--log-format", help="text, or json: one JSON object per line."),
+    metrics_port: int = typer.Option(
+        0,
+        "--metrics-port",
+        min=0,
+        max=65535,
+        help="Serve Prometheus /metrics, /healthz and /readyz on this port (0: off).",
+    ),
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address for --metrics-port."),
+    ready_stall_after: float = typer.Option(
+        DEFAULT_STALL_AFTER,
+        "--ready-stall-after",
+        min=1,
+        help="/readyz fails once a destination has failed this many seconds without one success.",
+    ),
 ) -> None:
     """Run the relay in the foreground until SIGINT/SIGTERM (or, with --drain, until idle)."""
-    cfg = load(config)
     setup_logging(log_level, log_format)
+    cfg = load(config)
+    require_destinations(cfg)
+    json_mode = log_format == "json"
 
     async def main() -> Any:
         loop = asyncio.get_running_loop()
@@ -74,16 +91,20 @@ def run(
         started.append(relay)
         server = None
         if metrics_port:
+            from outrelay.plugins.health import Health
             from outrelay.plugins.metrics import Metrics, serve_metrics
 
-            metrics = Metrics()
+            metrics, health = Metrics(), Health(relay, ready_stall_after)
             relay.registry.pm.register(metrics)
+            relay.registry.pm.register(health)
             try:
-                server = await serve_metrics(relay, metrics, metrics_host, metrics_port)
+                server = await serve_metrics(relay, metrics, metrics_host, metrics_port, health)
             except OSError as exc:
                 raise ConfigError(
                     f"--metrics-port {metrics_port}: cannot listen on {metrics_host}: {exc.strerror}"
                 ) from None
+        metrics_url = f"http://{metrics_host}:{metrics_port}" if metrics_port else None
+        log.info("%s", startup_line(cfg, relay.transports, metrics_url))
         try:
             return await relay.run(drain=drain)
         finally:
@@ -92,17 +113,29 @@ def run(
 
     summary = asyncio.run(main())
     if summary is None:
-        console.print("stopped before the outbox became available", markup=False)
+        if json_mode:
+            console.print_json(orjson.dumps({"stopped": "before the outbox became available"}).decode())
+        else:
+            console.print("stopped before the outbox became available", markup=False)
         return
-    delivered = sum(c["delivered"] for c in summary.counts.values())
-    dead = summary.dead_lettered
-    line = f"delivered {delivered} in {summary.elapsed:.1f}s; {summary.remaining} pending; {dead} dead-lettered"
-    if drain and (summary.remaining or dead):
-        err_console.print(
-            f"outrelay: drain incomplete: {line} — see `outrelay status` and `outrelay dlq list`", markup=False
-        )
+    doc = summary_doc(summary)
+    line = (
+        f"delivered {doc['delivered']} in {doc['elapsed']:.1f}s; {doc['pending']} pending; "
+        f"{doc['dead_lettered']} dead-lettered; {doc['parked']} parked"
+    )
+    incomplete = drain and bool(doc["pending"] or doc["dead_lettered"] or doc["parked"])
+    if json_mode:
+        doc["complete"] = not incomplete
+        print(orjson.dumps(doc).decode(), flush=True)  # one line: a log shipper reads it like the logs
+    if incomplete:
+        from outrelay.cli.status import drain_reason
+
+        why = drain_reason(cfg) if doc["pending"] else ""
+        msg = f"drain incomplete: {line}{f' — {why}' if why else ''} — see `outrelay status` and `outrelay dlq list`"
+        err_console.print(error_line(msg), markup=False, soft_wrap=True)
         raise typer.Exit(1)
-    console.print(line, markup=False)
+    if not json_mode:
+        console.print(line, markup=False)
 
 
 async def _open_relay(cfg: Any, config: Path | None, drain: bool, stopped: asyncio.Event) -> Relay | None:
@@ -143,7 +176,7 @@ def emit(
     type: str = typer.Option(..., "--type", "-t", help="Event type, e.g. workflow.created."),
     stream: str = typer.Option(..., "--stream", "-s", help="Ordering key, e.g. a workflow id."),
     data: str = typer.Option("null", "--data", "-d", help="JSON payload."),
-    tenant: str | None = typer.Option(None, "--tenant"),
+    tenant: str | None = typer.Option(None, "--tenant", help="Tenant id carried by the events."),
     source: str | None = typer.Option(None, "--source", help="Producer URI (default: config `source` or outrelay)."),
     label: list[str] = typer.Option([], "--label", help="KEY=VALUE, repeatable."),
     metadata: list[str] = typer.Option([], "--metadata", help="KEY=VALUE, repeatable."),
@@ -174,97 +207,7 @@ def emit(
     console.print(ids[0] if count == 1 else f"appended {count} events ({ids[0]} .. {ids[-1]})", markup=False)
 
 
-def status(
-    config: Path | None = ConfigOption,
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-) -> None:
-    """Per destination: pending, in retry, dead-lettered, parked, oldest pending age, last error."""
-    cfg = load(config)
-    secrets = secrets_of(cfg)
-    with Outbox.open(cfg.outbox.url) as outbox:
-        rows = outbox.store.status(list(cfg.destinations), time.time())
-        unrouted = outbox.store.unrouted()
-    docs = []
-    for r in rows:
-        d = r.as_dict()
-        d["last_error"] = mask(d["last_error"], secrets)
-        d["disabled"] = mask(d["disabled"], secrets)
-        d["transport"] = cfg.destinations[r.destination].transport
-        docs.append(d)
-    if as_json:
-        console.print_json(orjson.dumps({"unrouted": unrouted, "destinations": docs}).decode())
-        return
-    from rich.table import Table
-
-    table = Table(title=f"outbox {mask(cfg.outbox.url, secrets)} — {unrouted} not yet routed")
-    for col in ("destination", "transport", "pending", "in retry", "dead", "parked", "delivered", "oldest", "state"):
-        table.add_column(col)
-    for d in docs:
-        age = "-" if d["oldest_pending_age"] is None else f"{d['oldest_pending_age']:.0f}s"
-        state = (
-            f"DISABLED: {d['disabled']}"
-            if d["disabled"]
-            else (f"error: {d['last_error']}" if d["last_error"] else "ok")
-        )
-        table.add_row(
-            d["destination"],
-            d["transport"],
-            str(d["pending"]),
-            str(d["in_retry"]),
-            str(d["dead_lettered"]),
-            str(d["parked_streams"]),
-            str(d["delivered"]),
-            age,
-            state,
-        )
-    console.print(table)
-
-
-def check(
-    config: Path | None = ConfigOption,
-    timeout: float = typer.Option(10.0, "--timeout", help="Seconds per destination probe."),
-) -> None:
-    """Validate the config, open the outbox, and probe every destination (one line each)."""
-    cfg = load(config)
-    secrets = secrets_of(cfg)
-    registry = Registry()
-    failed = 0
-    try:
-        Outbox.open(cfg.outbox.url).close()
-        console.print(f"ok    outbox       {mask(cfg.outbox.url, secrets)}", markup=False)
-    except OutrelayError as exc:
-        failed += 1
-        console.print(f"FAIL  outbox       {mask(str(exc), secrets)}", markup=False)
-    for name, dest in cfg.destinations.items():
-        try:
-            with config_context(config):
-                transport = registry.create_transport(dest.transport, dest.options, destination=name)
-            result = asyncio.run(_probe(transport, timeout))
-            console.print(f"ok    {name:<12} {dest.transport}: {mask(result, secrets)}", markup=False)
-        except OutrelayError as exc:
-            failed += 1
-            console.print(f"FAIL  {name:<12} {dest.transport}: {mask(str(exc), secrets)}", markup=False)
-    if failed:
-        raise typer.Exit(1)
-
-
-async def _probe(transport: Any, timeout: float) -> str:
-    from outrelay.core.errors import RetryableError
-
-    try:
-        return str(await asyncio.wait_for(transport.check(), timeout))
-    except TimeoutError:
-        raise RetryableError(f"no answer within {timeout:.0f}s (is the broker reachable?)") from None
-    except OutrelayError:
-        raise
-    except Exception as exc:  # a transport that leaked a vendor error: still one line
-        raise RetryableError(f"{type(exc).__name__}: {exc}") from None
-    finally:
-        with contextlib.suppress(Exception):
-            await transport.close()
-
-
-def transports(as_json: bool = typer.Option(False, "--json")) -> None:
+def transports(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List installed transports with version, origin distribution and capabilities."""
     registry = Registry()
     docs = []

@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import typer
 
+from outrelay.cli._common import ConfigOption, console, load, mask, secrets_of
 from outrelay.core import cloudevents
-from outrelay.core.cli._common import ConfigOption, console, load, mask, secrets_of
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.consumer_dlq import ConsumerDeadLetters
 from outrelay.core.errors import ConfigError
@@ -47,10 +47,10 @@ def _ts(t: float | None) -> str:
 
 @app.command("list")
 def list_(
-    destination: str | None = typer.Option(None, "--destination", "-d"),
-    limit: int = typer.Option(100, "--limit", min=1),
-    include_replayed: bool = typer.Option(False, "--include-replayed"),
-    as_json: bool = typer.Option(False, "--json"),
+    destination: str | None = typer.Option(None, "--destination", "-d", help="Only this destination's."),
+    limit: int = typer.Option(100, "--limit", min=1, help="Show at most this many."),
+    include_replayed: bool = typer.Option(False, "--include-replayed", help="Also those already replayed."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     consumer: str | None = ConsumerOption,
     config: Path | None = ConfigOption,
 ) -> None:
@@ -104,7 +104,7 @@ def _list_consumer(cfg: OutrelayConfig, consumer: str, states: tuple[str, ...], 
 
 @app.command("show")
 def show(
-    dl_id: int = typer.Argument(..., metavar="ID"),
+    dl_id: int = typer.Argument(..., metavar="ID", help="Dead-letter id, as `outrelay dlq list` shows it."),
     consumer: bool = typer.Option(False, "--consumer", help="ID is a consumer-side dead letter."),
     config: Path | None = ConfigOption,
 ) -> None:
@@ -139,9 +139,9 @@ def _select(ids: list[int], all_: bool) -> list[int] | None:
 
 @app.command("replay")
 def replay(
-    ids: list[int] = typer.Argument(None, metavar="[ID]..."),
+    ids: list[int] = typer.Argument(None, metavar="[ID]...", help="Dead-letter ids (or --all)."),
     all_: bool = typer.Option(False, "--all", help="Every dead letter (of --destination, if given)."),
-    destination: str | None = typer.Option(None, "--destination", "-d"),
+    destination: str | None = typer.Option(None, "--destination", "-d", help="Only this destination's."),
     consumer: str | None = ConsumerOption,
     config: Path | None = ConfigOption,
 ) -> None:
@@ -165,9 +165,9 @@ def replay(
 
 @app.command("purge")
 def purge(
-    ids: list[int] = typer.Argument(None, metavar="[ID]..."),
+    ids: list[int] = typer.Argument(None, metavar="[ID]...", help="Dead-letter ids (or --all)."),
     all_: bool = typer.Option(False, "--all", help="Every dead letter (of --destination, if given)."),
-    destination: str | None = typer.Option(None, "--destination", "-d"),
+    destination: str | None = typer.Option(None, "--destination", "-d", help="Only this destination's."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     consumer: str | None = ConsumerOption,
     config: Path | None = ConfigOption,

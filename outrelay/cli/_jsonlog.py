@@ -24,3 +24,14 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(doc).decode()
+
+
+def error_json(message: str) -> str:
+    """An error that ends the process, as one JSON log line (level ``error``, logger ``outrelay``)."""
+    doc = {
+        "ts": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        "level": "error",
+        "logger": "outrelay",
+        "msg": message,
+    }
+    return orjson.dumps(doc).decode()

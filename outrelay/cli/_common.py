@@ -21,8 +21,10 @@ __all__ = [
     "config_context",
     "console",
     "err_console",
+    "error_line",
     "load",
     "mask",
+    "require_destinations",
     "secrets_of",
     "setup_logging",
 ]
@@ -46,6 +48,15 @@ _KV_SECRET = re.compile(r"(?i)\b(SharedAccessKey|password|token|secret|AccountKe
 def load(path: Path | None) -> OutrelayConfig:
     """Load the config file (ConfigError propagates to the one-line handler)."""
     return load_config(path if path is not None else default_config_path())
+
+
+def require_destinations(cfg: OutrelayConfig) -> None:
+    """`run` and `check` refuse a config without destinations alike, before creating anything.
+
+    :raises ConfigError: no ``[destinations.NAME]`` table.
+    """
+    if not cfg.destinations:
+        raise ConfigError("no destinations configured; add a [destinations.NAME] table")
 
 
 @contextmanager
@@ -90,16 +101,40 @@ def mask(text: str | None, secrets: Iterable[str] = ()) -> str | None:
     return _KV_SECRET.sub(lambda m: f"{m.group(1)}=***", text)
 
 
-def setup_logging(level: str, fmt: str) -> None:
-    """Text or JSON-lines logs on stderr."""
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        from outrelay.core.cli._jsonlog import JsonFormatter
+#: set by :func:`setup_logging`: errors that end the process are then printed as JSON log lines too
+JSON_LOGS = False
 
-        handler.setFormatter(JsonFormatter())
+
+def setup_logging(level: str, fmt: str) -> None:
+    """Text or JSON-lines logs on stderr. Client libraries' warnings (and Python warnings)
+    go through the same formatter, so in JSON mode every line on stderr is JSON."""
+    global JSON_LOGS
+    handler = logging.StreamHandler(sys.stderr)
+    formatter: logging.Formatter
+    if fmt == "json":
+        from outrelay.cli._jsonlog import JsonFormatter
+
+        formatter = JsonFormatter()
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    JSON_LOGS = fmt == "json"
+    handler.setFormatter(formatter)
     root = logging.getLogger("outrelay")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    # everything else (aiokafka, httpx, ...) at WARNING and up: else Python's last-resort handler prints plain text
+    other = logging.StreamHandler(sys.stderr)
+    other.setFormatter(formatter)
+    other.setLevel(logging.WARNING)
+    logging.getLogger().handlers[:] = [other]
+    logging.captureWarnings(True)
+
+
+def error_line(message: str) -> str:
+    """The one line an error that ends the process prints: JSON when the logs are JSON."""
+    if JSON_LOGS:
+        from outrelay.cli._jsonlog import error_json
+
+        return error_json(message)
+    return f"outrelay: error: {message}"

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from outrelay.cli._common import ConfigOption, config_context, console, load
 from outrelay.core import cloudevents
-from outrelay.core.cli._common import ConfigOption, config_context, console, load
 from outrelay.core.envelope import Event
 
 if TYPE_CHECKING:

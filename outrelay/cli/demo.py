@@ -21,7 +21,7 @@ from typing import Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from outrelay.core.cli._common import console, err_console
+from outrelay.cli._common import console, err_console
 from outrelay.core.config import parse_config
 from outrelay.core.envelope import Event
 from outrelay.core.hookspecs import hookimpl
@@ -85,8 +85,8 @@ destinations = ["hooks", "audit"]
 
 def demo(
     directory: Path | None = typer.Option(None, "--dir", help="Where to create the outbox (default: a temp dir)."),
-    events: int = typer.Option(360, "--events", "-n", min=1, max=1_000_000),
-    streams: int = typer.Option(12, "--streams", min=1, max=10_000),
+    events: int = typer.Option(360, "--events", "-n", min=1, max=1_000_000, help="How many events to relay."),
+    streams: int = typer.Option(12, "--streams", min=1, max=10_000, help="Spread over this many streams."),
 ) -> None:
     """Relay a few hundred signed workflow events to a local webhook receiver and verify them."""
     base = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="outrelay-demo-"))

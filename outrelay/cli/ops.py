@@ -1,0 +1,207 @@
+"""Operator commands: ``enable``, ``disable``, ``replay``, ``migrate``, ``conformance``, ``demo``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from outrelay.cli._common import ConfigOption, console, err_console, load
+from outrelay.core.config import OutrelayConfig
+from outrelay.core.errors import ConfigError
+from outrelay.core.outbox import Outbox
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("enable")(enable)
+    app.command("disable")(disable)
+    app.command("replay")(replay)
+    app.command("migrate")(migrate)
+    app.command("conformance")(conformance)
+    from outrelay.cli.demo import demo
+
+    app.command("demo")(demo)
+    from outrelay.cli.tail import tail
+
+    app.command("tail")(tail)
+
+
+def _known(cfg: OutrelayConfig, destination: str) -> None:
+    if destination not in cfg.destinations:
+        known = ", ".join(sorted(cfg.destinations)) or "none"
+        raise ConfigError(f"unknown destination {destination!r}; configured: {known}")
+
+
+def enable(
+    destination: str = typer.Argument(..., help="A destination of the config."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Re-enable a destination that was disabled (e.g. after a webhook answered 410 Gone)."""
+    cfg = load(config)
+    _known(cfg, destination)
+    with Outbox.open(cfg.outbox.url) as outbox:
+        outbox.store.set_disabled(destination, None, time.time())
+    console.print(f"{destination}: enabled", markup=False)
+
+
+def disable(
+    destination: str = typer.Argument(..., help="A destination of the config."),
+    reason: str = typer.Option("disabled by operator", "--reason", help="Shown by `outrelay status`."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Stop delivering to a destination; its events stay pending until `outrelay enable`."""
+    cfg = load(config)
+    _known(cfg, destination)
+    with Outbox.open(cfg.outbox.url) as outbox:
+        outbox.store.set_disabled(destination, reason, time.time())
+    console.print(f"{destination}: disabled ({reason})", markup=False)
+
+
+def replay(
+    destination: str = typer.Option(..., "--destination", "-d", help="Where to send the history again."),
+    stream: str | None = typer.Option(None, "--stream", "-s", help="Only this stream (default: all)."),
+    after: int = typer.Option(0, "--after", help="Only events with sequence greater than this."),
+    types: list[str] = typer.Option([], "--type", "-t", help="Only these event types (globs, repeatable)."),
+    tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant's events."),
+    since: str | None = typer.Option(None, "--since", help="Only events at or after this time (ISO 8601, UTC)."),
+    until: str | None = typer.Option(None, "--until", help="Only events before this time (ISO 8601, UTC)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Count what would be sent, per type; change nothing."),
+    rate: float | None = typer.Option(None, "--rate", min=0.001, help="Queue at most this many events per second."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Replay history: queue already-routed events to a destination again, in order."""
+    cfg = load(config)
+    _known(cfg, destination)
+    if types or tenant or since or until or dry_run or rate:
+        _replay_selected(cfg, destination, stream, after, types, tenant, since, until, dry_run, rate)
+        return
+    with Outbox.open(cfg.outbox.url) as outbox:
+        n = outbox.store.replay_stream(destination, stream=stream, after=after, now=time.time())
+    if n == 0:  # asked for something that is not there: say so, and exit non-zero
+        what = f"no such stream {stream!r} routed to {destination}" if stream else f"nothing routed to {destination}"
+        err_console.print(
+            f"outrelay: error: {what}{f' after sequence {after}' if after else ''}; nothing queued",
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
+    console.print(f"queued {n} event(s) for {destination}; a running relay delivers them", markup=False)
+
+
+def _replay_selected(
+    cfg: OutrelayConfig,
+    destination: str,
+    stream: str | None,
+    after: int,
+    types: list[str],
+    tenant: str | None,
+    since: str | None,
+    until: str | None,
+    dry_run: bool,
+    rate: float | None,
+) -> None:
+    """The filtered replay (see :mod:`outrelay.core.redeliver`): plan first, so a
+    bad selection queues nothing; then queue page by page at ``rate``."""
+    from outrelay.core.redeliver import describe, plan, requeue
+    from outrelay.core.stores.base import HistoryFilter
+
+    where = HistoryFilter(stream, tuple(types), tenant, _when("--since", since), _when("--until", until))
+    with Outbox.open(cfg.outbox.url) as outbox:
+        p = plan(outbox.store, where, after=after)
+        what = describe(where, after)
+        if dry_run:
+            console.print(
+                f"dry run: {p.count} event(s) of {what} (sequences {p.first}..{p.last}) would be queued "
+                f"for {destination}; nothing changed",
+                markup=False,
+            )
+            for type_, n in p.by_type.items():
+                console.print(f"  {type_}: {n}", markup=False)
+            return
+        from rich.progress import Progress
+
+        with Progress(console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
+            task = bar.add_task(f"replaying to {destination}", total=p.count)
+            n = requeue(
+                outbox.store,
+                destination,
+                where,
+                after=after,
+                rate=rate,
+                progress=lambda done: bar.update(task, completed=done),
+            )
+    if n == 0:
+        err_console.print(
+            f"outrelay: error: none of the {p.count} event(s) of {what} is routed yet; nothing queued",
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
+    console.print(f"queued {n} event(s) of {what} for {destination}; a running relay delivers them", markup=False)
+
+
+def _when(flag: str, text: str | None) -> float | None:
+    if text is None:
+        return None
+    from datetime import UTC, datetime
+
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not an ISO 8601 time; e.g. 2026-01-31T12:00:00Z") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def migrate(
+    sql: bool = typer.Option(False, "--sql", help="Print the SQL instead of running it."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Create or upgrade the outbox schema (never destructive)."""
+    cfg = load(config)
+    url = cfg.outbox.url
+    if url.startswith("sqlite:"):
+        if sql:
+            from outrelay.core.stores.sqlite_schema import MIGRATIONS
+
+            for script in MIGRATIONS:
+                for stmt in script:
+                    console.print(stmt.strip() + ";", markup=False)
+            return
+        Outbox.open(url).close()
+        console.print("schema is up to date", markup=False)
+        return
+    try:
+        from outrelay.core.stores.postgres import PostgresStore
+        from outrelay.core.stores.postgres_pool import parse_url
+    except ImportError as exc:
+        raise ConfigError(f'the PostgreSQL outbox needs {exc.name}: pip install "outrelay[postgres]"') from None
+    if sql:
+        _, opts = parse_url(url, {})
+        console.print(PostgresStore.migration_sql(opts["schema"], opts["prefix"]), markup=False)
+    else:
+        Outbox.open(url).close()
+        console.print("schema is up to date", markup=False)
+
+
+def conformance(
+    destination: str = typer.Option(..., "--destination", "-d", help="The configured destination to certify."),
+    report_json: Path | None = typer.Option(None, "--report-json", help="Also write the report as JSON here."),
+    report_md: Path | None = typer.Option(None, "--report-md", help="Also write the report as Markdown here."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Run the transport conformance suite against a configured destination."""
+    from outrelay.conformance.runner import run_conformance
+    from outrelay.core.config import default_config_path
+
+    cfg_path = config if config is not None else default_config_path()
+    load(cfg_path)  # fail early, in one line, on a bad config
+    code = run_conformance(
+        str(cfg_path),
+        destination,
+        report_json=str(report_json) if report_json else None,
+        report_md=str(report_md) if report_md else None,
+    )
+    raise typer.Exit(int(code))

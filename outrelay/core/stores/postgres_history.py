@@ -1,0 +1,173 @@
+"""The PostgreSQL outbox's history: filtered reads, snapshots and retention.
+
+A mixin of :class:`~outrelay.core.stores.postgres.PostgresStore`, with the
+same meaning as the SQLite one. Reads page by sequence; one stream's pages
+use the ``(stream, seq)`` index. Type globs become ``LIKE ANY`` patterns.
+Retention deletes in short transactions of ``batch`` rows, skipping rows
+another transaction holds (``SKIP LOCKED``), so it never blocks appends or
+the relay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from outrelay.core.envelope import Event
+from outrelay.core.stores.base import HistoryFilter, Snapshot
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from outrelay.core.stores.postgres_schema import Names
+
+    Cursor = psycopg.Cursor[Any]
+
+__all__ = ["HistoryMixin"]
+
+T = TypeVar("T")
+
+
+class HistoryMixin:
+    """Needs ``n`` (table names), ``_run``, ``_q`` and ``_event`` from the store."""
+
+    n: Names
+
+    if TYPE_CHECKING:
+
+        def _run(self, fn: Callable[[Cursor], T], *, reconnect: bool = True) -> T: ...
+        def _q(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> list[Any]: ...
+        @staticmethod
+        def _event(seq: int, attrs: Any, data: bytes) -> Event: ...
+        def _lock_lanes(self, cur: Cursor, keys: set[tuple[str, str]]) -> None: ...
+
+    def history(self, where: HistoryFilter, *, after: int = 0, limit: int = 1000) -> list[Event]:
+        from outrelay.core.history import glob_to_like
+
+        sql = f"SELECT seq, attrs, data FROM {self.n.events} WHERE seq > %s"
+        args: list[Any] = [after]
+        if where.stream is not None:
+            sql += " AND stream = %s"
+            args.append(where.stream)
+        if where.types:
+            sql += " AND type LIKE ANY(%s)"
+            args.append([glob_to_like(t) for t in where.types])
+        if where.tenant is not None:
+            sql += " AND tenant = %s"
+            args.append(where.tenant)
+        if where.since is not None:
+            sql += " AND time >= %s"
+            args.append(where.since)
+        if where.until is not None:
+            sql += " AND time < %s"
+            args.append(where.until)
+        rows = self._q(sql + " ORDER BY seq LIMIT %s", (*args, limit))
+        decode = self._event
+        return [decode(*r) for r in rows]
+
+    def history_lean(self, stream: str, *, after: int = 0, limit: int = 1000) -> list[tuple[int, str, Any, bytes]]:
+        rows = self._q(
+            f"SELECT seq, type, COALESCE(attrs->>'event_version', '1'), data FROM {self.n.events} "
+            "WHERE stream = %s AND seq > %s ORDER BY seq LIMIT %s",
+            (stream, after, limit),
+        )
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+    def replay_events(self, destination: str, sequences: Sequence[int], *, now: float) -> int:
+        n = self.n
+        if not sequences:
+            return 0
+
+        def fn(cur: Cursor) -> int:
+            cur.execute(
+                f"SELECT seq, stream FROM {n.events} WHERE seq = ANY(%s) AND routed ORDER BY seq", (list(sequences),)
+            )
+            rows = cur.fetchall()
+            self._lock_lanes(cur, {(destination, r[1]) for r in rows})
+            counts: dict[str, int] = {}
+            for _seq, stream in rows:
+                counts[stream] = counts.get(stream, 0) + 1
+            cur.execute(
+                f"INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "
+                "SELECT %s, s, e, %s FROM unnest(%s::text[], %s::bigint[]) WITH ORDINALITY AS u(s, e, o) ORDER BY o",
+                (destination, now, [r[1] for r in rows], [r[0] for r in rows]),
+            )
+            streams = sorted(counts)  # lanes in the global (destination, stream) order
+            cur.execute(
+                f"INSERT INTO {n.lanes} (destination, stream, due_at, pending) "
+                "SELECT %s, s, %s, c FROM unnest(%s::text[], %s::int[]) WITH ORDINALITY AS u(s, c, o) ORDER BY o "
+                f"ON CONFLICT (destination, stream) DO UPDATE SET pending = {n.lanes}.pending + excluded.pending",
+                (destination, now, streams, [counts[s] for s in streams]),
+            )
+            return len(rows)
+
+        return self._run(fn)
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        s = snapshot
+        self._q(
+            f"INSERT INTO {self.n.snapshots} (name, stream, version, seq, events, state, created_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (name, stream) DO UPDATE SET version = excluded.version, "
+            "seq = excluded.seq, events = excluded.events, state = excluded.state, created_at = excluded.created_at "
+            "RETURNING seq",
+            (s.name, s.stream, s.version, s.sequence, s.events, s.state, s.created_at),
+        )
+
+    def load_snapshot(self, name: str, stream: str) -> Snapshot | None:
+        rows = self._q(
+            f"SELECT name, stream, version, seq, events, state, created_at FROM {self.n.snapshots} "
+            "WHERE name = %s AND stream = %s",
+            (name, stream),
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return Snapshot(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), r[6])
+
+    def prune(
+        self,
+        older_than: float | None,
+        *,
+        keep_last: int | None = None,
+        batch: int = 1000,
+        max_batches: int | None = None,
+    ) -> int:
+        """See :meth:`Store.prune`; ``max_batches`` stops after that many
+        transactions (the relay runs one at a time, between deliveries)."""
+        n = self.n
+        conds = []
+        args: list[Any] = []
+        if older_than is not None:
+            conds.append("e.time < %s")
+            args.append(older_than)
+        if keep_last is not None and keep_last <= 0:
+            conds.append("true")
+        elif keep_last is not None:
+            # the keep_last-th newest sequence of the stream, through the (stream, seq) index
+            conds.append(
+                f"e.seq < (SELECT k.seq FROM {n.events} k WHERE k.stream = e.stream ORDER BY k.seq DESC "
+                "LIMIT 1 OFFSET %s)"
+            )
+            args.append(keep_last - 1)
+        if not conds:
+            return 0
+        sql = (
+            f"DELETE FROM {n.events} WHERE seq IN (SELECT seq FROM {n.events} e "
+            f"WHERE routed AND ({' OR '.join(conds)}) "
+            f"AND NOT EXISTS (SELECT 1 FROM {n.deliveries} d WHERE d.event_seq = e.seq) "
+            f"AND NOT EXISTS (SELECT 1 FROM {n.dead_letters} dl WHERE dl.event_seq = e.seq) "
+            "ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED)"
+        )
+
+        def one(cur: Cursor) -> int:
+            cur.execute(sql, (*args, batch))
+            return cur.rowcount
+
+        total = done = 0
+        while max_batches is None or done < max_batches:
+            removed = self._run(one)
+            total += removed
+            done += 1
+            if removed < batch:
+                break
+        return total
