@@ -212,8 +212,26 @@ class TestErrors:
             assert isinstance(r, RetryLater) and "no JetStream stream" in r.error
         finally:
             await t.close()
-        with pytest.raises(PermanentError, match="no JetStream stream covers subject"):
+        with pytest.raises(PermanentError, match=r"no JetStream stream covers the subjects 'outrelay\.nostream\.>'"):
             await t.check()
+
+    async def test_check_with_create_stream_creates_nothing(self, nats_url: str) -> None:
+        """With create_stream and no stream yet, check() says the relay will create it, and does not create it."""
+        import uuid
+
+        import nats as nats_client
+
+        name = f"OR_CHK_{uuid.uuid4().hex[:8]}".upper()
+        spec = {"name": name, "subjects": [f"or.chk.{name.lower()}.>"], "storage": "memory"}
+        t = NatsTransport(NatsConfig(servers=(nats_url,), subject=f"or.chk.{name.lower()}.x", create_stream=spec))
+        line = await t.check()
+        assert f"stream {name!r} does not exist yet" in line and "check created nothing" in line
+        nc = await nats_client.connect(nats_url)
+        try:
+            with pytest.raises(nats_client.js.errors.NotFoundError):
+                await nc.jetstream().stream_info(name)
+        finally:
+            await nc.close()
 
     async def test_wrong_expected_stream_is_rejected(self, nats_url: str, stream: tuple[str, str]) -> None:
         """Nats-Expected-Stream naming another stream is a permanent failure, and later messages of the stream wait."""

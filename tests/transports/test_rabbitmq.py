@@ -197,6 +197,11 @@ class TestErrors:
             await t.close()
         with pytest.raises(PermanentError, match="does not exist"):
             await RabbitMQTransport(RabbitMQConfig(url=rabbitmq_url, exchange="or-missing-x")).check()
+        cfg = RabbitMQConfig(url=rabbitmq_url, exchange="or-missing-x", declare_exchange=True)
+        line = await RabbitMQTransport(cfg).check()  # what run would do: declare it; check itself creates nothing
+        assert "does not exist yet" in line and "declare_exchange = true" in line
+        with pytest.raises(PermanentError, match="does not exist"):
+            await RabbitMQTransport(RabbitMQConfig(url=rabbitmq_url, exchange="or-missing-x")).check()
 
     async def test_oversized_is_rejected(self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory) -> None:
         """Data over max_message_bytes is Rejected before it is sent."""

@@ -333,7 +333,9 @@ class NatsTransport(Transport):
 
     async def check(self) -> str:
         """Reachability and a stream bound to the subject (publish permission is
-        proven by the stream lookup going through the account's JetStream API).
+        proven by the stream lookup going through the account's JetStream API);
+        with ``create_stream``, a missing stream is reported as one the relay will
+        create (check creates nothing).
 
         :raises RetryableError: unreachable. :raises PermanentError: no stream.
         """
@@ -343,16 +345,30 @@ class NatsTransport(Transport):
             if was == "reconnecting" and self._state == "closed":
                 raise UsageError(f"nats transport {self.destination!r} was closed while reconnecting")
             js = nc.jetstream(timeout=self.cfg.ack_timeout)
-            if self.cfg.create_stream is not None:
-                await self._ensure_stream(js, self.cfg.create_stream)
+            spec = self.cfg.create_stream
+            if spec is not None:  # what open() would do; check itself creates nothing
+                try:
+                    with mapped(f"stream info {spec.name!r}", self.destination):
+                        await js.stream_info(spec.name)
+                except TransportError:
+                    return (
+                        f"{self.cfg.where}: stream {spec.name!r} does not exist yet; the relay creates it at open "
+                        "(create_stream); check created nothing"
+                    )
             probe = self._template.render(Event(type="outrelay.check", stream="check"))
             try:
                 with mapped("stream lookup", self.destination):
                     stream = await js.find_stream_name_by_subject(probe)
             except TransportError as exc:
+                from outrelay.transports.nats._subscriber import derive_target
+
+                try:
+                    subjects = derive_target(self.cfg.subject, destination=self.destination)
+                except PermanentError:
+                    subjects = probe
                 raise PermanentError(
-                    f"no JetStream stream covers subject {probe!r} on {self.cfg.where}: create one "
-                    f"(nats stream add --subjects '{probe}') or set create_stream",
+                    f"no JetStream stream covers the subjects {subjects!r} on {self.cfg.where}: create one "
+                    f"(nats stream add --subjects '{subjects}') or set create_stream",
                     destination=self.destination,
                 ) from exc
             if self.cfg.expected_stream and stream != self.cfg.expected_stream:

@@ -324,9 +324,11 @@ class RabbitMQTransport(Transport):
     # -- probes --------------------------------------------------------------
 
     async def check(self) -> str:
-        """Reachability, credentials/vhost, and that the exchange (or default-exchange queue) exists.
+        """Reachability, credentials/vhost, and that the exchange (or default-exchange queue) exists —
+        or, with ``declare_exchange = true``, that the relay will declare it (check creates nothing).
 
-        :raises RetryableError: unreachable. :raises PermanentError: refused, or the exchange is missing.
+        :raises RetryableError: unreachable. :raises PermanentError: refused, or the exchange is missing
+            and ``declare_exchange`` is off.
         """
         probe = Event(type="outrelay.check", stream="check")
         name, routing_key = split_target(self.target(probe))
@@ -339,6 +341,11 @@ class RabbitMQTransport(Transport):
                 else:
                     await channel.declare_queue(routing_key, passive=True, timeout=self.cfg.connect_timeout)
             except aiormq.exceptions.ChannelNotFoundEntity as exc:
+                if name and self.cfg.declare_exchange:  # what run would do; check itself creates nothing
+                    return (
+                        f"{self.cfg.where}: exchange {name!r} does not exist yet; the relay declares it at first use "
+                        "(declare_exchange = true); check created nothing"
+                    )
                 what = f"exchange {name!r}" if name else f"queue {routing_key!r} (default exchange)"
                 raise PermanentError(
                     f"{what} does not exist on {self.cfg.where}: declare it, or set declare_exchange = true",
