@@ -167,9 +167,11 @@ def drain_reason(cfg: OutrelayConfig) -> str:
     )
     if soonest is not None:
         at, dest, stream = soonest
+        bound = cfg.relay.drain_retry_bound
+        why = f"beyond relay.drain_retry_bound = {bound:g}s" if at - now > bound else "but the drain was stopped"
         reasons.append(
-            f"the next retry ({dest}, stream {stream}) is due {_when(at, now)}, beyond relay.drain_retry_bound = "
-            f"{cfg.relay.drain_retry_bound:g}s (`outrelay retry -d {dest}` makes it due now)"
+            f"the next retry ({dest}, stream {stream}) is due {_when(at, now)}, {why} "
+            f"(`outrelay retry -d {dest}` makes it due now)"
         )
     parked = sum(len(d["parked"]) for d in doc["destinations"])
     if parked:
