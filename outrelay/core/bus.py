@@ -45,6 +45,7 @@ from outrelay.core.config import OutrelayConfig, RetryPolicy, load_config
 from outrelay.core.consumer_dlq import ConsumerDeadLetters
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError, PermanentError, UsageError
+from outrelay.core.segments import RejectedTarget
 from outrelay.core.subscriber import Handler, Subscription, SubscriptionStats
 from outrelay.core.subscription import SubscriptionSpec
 from outrelay.core.transport import Delivered, Message, Transport
@@ -239,6 +240,9 @@ class EventBus:
             await self.transport.open()
             self._opened = True
         msgs = [Message(e, self.transport.target(e), e.stream) for e in batch]
+        for m in msgs:
+            if isinstance(m.target, RejectedTarget):
+                raise PermanentError(f"event {m.event.id} was not published: {m.target.reason}")
         for m, r in zip(msgs, await self.transport.send(msgs), strict=True):
             if not isinstance(r, Delivered):
                 where = self.transport.destination

@@ -102,6 +102,11 @@ class DestinationConfig(BaseModel):
         description="seconds one delivery attempt (a whole batch's transport.send) may take; then every message "
         "of the batch is retried later and the destination's other streams keep flowing",
     )
+    tenants: tuple[str, ...] = Field(
+        (),
+        description="if set, only events of these tenants are ever sent here, whatever the routes say "
+        "(events without a tenant neither)",
+    )
 
     @property
     def options(self) -> dict[str, Any]:

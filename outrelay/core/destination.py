@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from outrelay.core.config import DestinationConfig
 from outrelay.core.errors import PermanentError, RetryableError, StoreError, UsageError
 from outrelay.core.retry import backoff_delay
+from outrelay.core.segments import RejectedTarget
 from outrelay.core.stores.base import Claimed, SettleKind, Settlement
 from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult, Transport
 
@@ -323,6 +324,11 @@ class DestinationWorker:
     async def _send(self, messages: list[Message]) -> tuple[Sequence[SendResult], bool]:
         """Send one batch under ``attempt_timeout``; every failure becomes
         per-message results. The flag is True when the deadline expired."""
+        tenants = self.config.tenants  # a last line: operator replays do not pass the router
+        if any(isinstance(m.target, RejectedTarget) for m in messages) or (
+            tenants and any(m.event.tenant not in tenants for m in messages)
+        ):
+            return await self._send_valid(messages)
         n = len(messages)
         limit = self.config.attempt_timeout
         deadline = asyncio.timeout(limit)
@@ -352,6 +358,24 @@ class DestinationWorker:
             log.error("destination %s: transport returned %d results for %d messages", self.name, len(results), n)
             return [RetryLater("transport returned a wrong number of results")] * n, False
         return results, False
+
+    async def _send_valid(self, messages: list[Message]) -> tuple[Sequence[SendResult], bool]:
+        """Reject messages whose target could not be rendered safely, or whose tenant this
+        destination does not serve (``tenants``); send the others."""
+        early: dict[int, SendResult] = {}
+        tenants = self.config.tenants
+        for i, m in enumerate(messages):
+            if isinstance(m.target, RejectedTarget):
+                early[i] = Rejected(m.target.reason)
+            elif tenants and m.event.tenant not in tenants:
+                early[i] = Rejected(
+                    f"tenant {m.event.tenant!r} is not served by destination {self.name!r} "
+                    f"(tenants = {list(tenants)}); event not sent"
+                )
+        rest = [m for i, m in enumerate(messages) if i not in early]
+        results, timed_out = await self._send(rest) if rest else ([], False)
+        sent = iter(results)
+        return [early[i] if i in early else next(sent) for i in range(len(messages))], timed_out
 
     def _plan(
         self, claimed: Sequence[Claimed], results: Sequence[SendResult], now: float

@@ -20,6 +20,9 @@ from typing import Any
 
 import orjson
 
+from outrelay.core._event_checks import BAD_CHAR as _BAD_CHAR
+from outrelay.core._event_checks import bad_char as _bad_char
+from outrelay.core._event_checks import has_non_finite as _has_non_finite
 from outrelay.core.errors import EventError
 from outrelay.core.ids import is_valid_id, uuid7
 
@@ -49,6 +52,10 @@ def _str_map(name: str, value: Mapping[str, Any] | None) -> Mapping[str, str]:
             raise EventError(f"event {name} keys must be non-empty strings, got {k!r}")
         if not isinstance(v, str):
             raise EventError(f"event {name}[{k!r}] must be a string, got {type(v).__name__}")
+        if not k.isprintable() and _BAD_CHAR.search(k):
+            raise _bad_char(f"{name} key {k!r}", k)
+        if not v.isprintable() and _BAD_CHAR.search(v):
+            raise _bad_char(f"{name}[{k!r}]", v)
         out[k] = v
     return MappingProxyType(out)
 
@@ -58,7 +65,9 @@ class Event:
     """One immutable event. See the module docstring for ``data`` encoding.
 
     :raises EventError: empty or malformed ``type``/``stream``, a bad ``id``,
-        a naive ``time``, or ``data`` that cannot be encoded as JSON.
+        a naive ``time``, ``data`` that cannot be encoded as JSON (NaN and
+        infinities included), or a control character (C0, DEL, C1) or lone
+        surrogate in any text field, label, tag or metadata key/value.
     """
 
     type: str
@@ -100,8 +109,16 @@ class Event:
             set_(self, "event_version", str(self.event_version))
         for name in ("tenant", "correlation_id", "causation_id", "schema_version", "producer_version", "subject"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise EventError(f"event {name} must be a non-empty string or None, got {value!r}")
+            if value is not None:
+                if not isinstance(value, str) or not value:
+                    raise EventError(f"event {name} must be a non-empty string or None, got {value!r}")
+                # isprintable() is a fast C pre-check: False for every refused character, and rarely otherwise
+                if not value.isprintable() and _BAD_CHAR.search(value):
+                    raise _bad_char(name, value)
+        for name in ("stream", "source", "event_version", "content_type"):
+            value = getattr(self, name)
+            if isinstance(value, str) and not value.isprintable() and _BAD_CHAR.search(value):
+                raise _bad_char(name, value)
         set_(self, "labels", _str_map("labels", self.labels))
         set_(self, "metadata", _str_map("metadata", self.metadata))
         tags = self.tags
@@ -110,6 +127,9 @@ class Event:
         tags = tuple(tags)
         if not all(isinstance(t, str) and t for t in tags):
             raise EventError("event tags must be non-empty strings")
+        for t in tags:
+            if not t.isprintable() and _BAD_CHAR.search(t):
+                raise _bad_char(f"tag {t!r}", t)
         set_(self, "tags", tags)
         data, ctype = _encode_data(self.data, self.content_type)
         set_(self, "data", data)
@@ -232,10 +252,16 @@ def _encode_data(data: Any, content_type: str | None) -> tuple[bytes, str | None
         raw = bytes(data)
         return raw, content_type or ("application/octet-stream" if raw else None)
     if isinstance(data, str) and not is_json_content_type(content_type):
-        return data.encode("utf-8"), content_type or "text/plain; charset=utf-8"
+        try:
+            return data.encode("utf-8"), content_type or "text/plain; charset=utf-8"
+        except UnicodeEncodeError as exc:
+            raise EventError(f"event data is not valid text: {exc.reason} at index {exc.start}") from exc
     if data is None and content_type is None:
         return b"", None
     try:
-        return orjson.dumps(data), content_type or "application/json"
-    except TypeError as exc:
+        raw = orjson.dumps(data)
+    except TypeError as exc:  # orjson.JSONEncodeError, lone surrogates included
         raise EventError(f"event data is not JSON-serialisable: {exc}; pass bytes or JSON values") from exc
+    if _has_non_finite(data, raw):
+        raise EventError("event data contains NaN or Infinity, which JSON cannot represent; use null or a string")
+    return raw, content_type or "application/json"

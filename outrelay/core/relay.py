@@ -130,7 +130,9 @@ class Relay:
         if not built:
             raise ConfigError("no destinations configured; add a [destinations.NAME] table")
         self.transports = built
-        self.router = Router(self.config.routes, built)
+        self.router = Router(
+            self.config.routes, built, {n: d.tenants for n, d in self.config.destinations.items() if d.tenants}
+        )
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stopping = False
         self._running = False

@@ -36,7 +36,9 @@ class AWSTransport(Transport):
         super().__init__(config, destination=destination)
         self.cfg = config
         source: str = getattr(config, self.target_option)
-        self._template = Template(source, where=f"destinations.{destination}.{self.target_option}")
+        self._template = Template(
+            source, where=f"destinations.{destination}.{self.target_option}", segment="name", alphabet=r"A-Za-z0-9_\-"
+        )
         self.fifo = config.fifo if config.fifo is not None else source.endswith(".fifo")
         self.aws = AWSBase(self.name, config, destination)
 

@@ -65,7 +65,7 @@ class FileTransport(Transport):
     def __init__(self, config: FileConfig, *, destination: str = "file") -> None:
         super().__init__(config, destination=destination)
         self.cfg: FileConfig = config
-        self._template = Template(config.path, where=f"destinations.{destination}.path")
+        self._template = Template(config.path, where=f"destinations.{destination}.path", segment="path")
         self._files: OrderedDict[str, IO[bytes]] = OrderedDict()  # least recently used first
         self._used: dict[str, float] = {}  # target -> monotonic time of its last write
         self._lock = threading.Lock()

@@ -13,7 +13,17 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from outrelay import Delivered, Event, Message, PermanentError, Rejected, RetryableError, RetryLater, UsageError
+from outrelay import (
+    Delivered,
+    Event,
+    EventError,
+    Message,
+    PermanentError,
+    Rejected,
+    RetryableError,
+    RetryLater,
+    UsageError,
+)
 from outrelay.core import cloudevents
 from outrelay.transports.nats._acks import header_block
 from outrelay.transports.nats._config import NatsConfig, mask_url
@@ -117,18 +127,27 @@ class TestPublish:
     async def test_whitespace_subject_is_rejected_and_connection_survives(
         self, nats_url: str, stream: tuple[str, str]
     ) -> None:
-        """A stream name with a space or CR/LF renders an invalid subject: Rejected before it reaches the wire
-        (it would split the HPUB line), its stream's later event held, other streams still delivered."""
+        """A subject with a space or CR/LF (a target not from the template, which escapes them) is Rejected before
+        it reaches the wire (it would split the HPUB line), its stream's later event held, other streams delivered."""
         name, prefix = stream
         t = NatsTransport(NatsConfig(servers=(nats_url,), subject=prefix + ".{stream}", expected_stream=name))
+        assert t.target(Event(type="t", stream="order 42")) == f"{prefix}.order%2042"  # the template escapes it
+        with pytest.raises(EventError):  # and an Event refuses CR/LF
+            Event(type="t", stream="x\r\nPUB evil 1\r\n")
         await t.open()
         try:
             bad = Event(type="t", stream="order 42")
-            inject = Event(type="t", stream="x\r\nPUB evil 1\r\n")
+            inject = Event(type="t", stream="inject")
             later = Event(type="t", stream="order 42")
             good = Event(type="t", stream="fine")
+            raw = {
+                bad.id: f"{prefix}.order 42",
+                inject.id: f"{prefix}.x\r\nPUB evil 1\r\n",
+                later.id: f"{prefix}.order 42",
+            }
             async with t.reader(f"{prefix}.>") as r:
-                results = await t.send(_messages(t, [bad, inject, later, good]))
+                msgs = [Message(e, raw.get(e.id, t.target(e)), e.stream) for e in [bad, inject, later, good]]
+                results = await t.send(msgs)
                 assert isinstance(results[0], Rejected) and "whitespace" in results[0].reason
                 assert isinstance(results[1], Rejected) and isinstance(results[2], RetryLater)
                 assert results[3] == Delivered()

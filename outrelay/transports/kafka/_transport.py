@@ -133,7 +133,9 @@ class KafkaTransport(Transport):
     def __init__(self, config: KafkaConfig, *, destination: str = "kafka") -> None:
         super().__init__(config, destination=destination)
         self.cfg: KafkaConfig = config
-        self._template = Template(config.topic, where=f"destinations.{destination}.topic")
+        self._template = Template(
+            config.topic, where=f"destinations.{destination}.topic", segment="name", alphabet=r"A-Za-z0-9._\-"
+        )
         fields = {f for _, f, _, _ in string.Formatter().parse(config.topic) if f is not None}
         self._ordered = fields <= {"stream"}
         self._partitioner = DefaultPartitioner()

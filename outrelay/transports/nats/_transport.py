@@ -165,7 +165,7 @@ class NatsTransport(Transport):
     def __init__(self, config: NatsConfig, *, destination: str = "nats") -> None:
         super().__init__(config, destination=destination)
         self.cfg: NatsConfig = config
-        self._template = Template(config.subject, where=f"destinations.{destination}.subject")
+        self._template = Template(config.subject, where=f"destinations.{destination}.subject", segment="subject")
         self._nc: Client | None = None
         self._acks: AckMux | None = None
         self._state = "new"

@@ -115,7 +115,9 @@ class PubSubTransport(Transport):
     def __init__(self, config: PubSubConfig, *, destination: str = "pubsub") -> None:
         super().__init__(config, destination=destination)
         self.cfg: PubSubConfig = config
-        self._template = Template(config.topic, where=f"destinations.{destination}.topic")
+        self._template = Template(
+            config.topic, where=f"destinations.{destination}.topic", segment="name", alphabet=r"A-Za-z0-9._~+\-"
+        )
         self._client: Any = None
         self._state = "new"
 

@@ -85,7 +85,9 @@ class PulsarTransport(Transport):
     def __init__(self, config: PulsarConfig, *, destination: str = "pulsar") -> None:
         super().__init__(config, destination=destination)
         self.cfg = config
-        self._template = Template(config.topic, where=f"destinations.{destination}.topic")
+        self._template = Template(
+            config.topic, where=f"destinations.{destination}.topic", segment="name", alphabet=r"A-Za-z0-9._:=\-"
+        )
         self.client: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._named: dict[str, Any] = {}

@@ -51,7 +51,7 @@ from aiormq import spec
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
 from outrelay.core.errors import PermanentError, RetryableError, UsageError
-from outrelay.core.templates import Template
+from outrelay.core.templates import RejectedTarget, Template
 from outrelay.core.transport import (
     Capabilities,
     Delivered,
@@ -110,8 +110,10 @@ class RabbitMQTransport(Transport):
     def __init__(self, config: RabbitMQConfig, *, destination: str = "rabbitmq") -> None:
         super().__init__(config, destination=destination)
         self.cfg: RabbitMQConfig = config
-        self._exchange_t = Template(config.exchange, where=f"destinations.{destination}.exchange")
-        self._key_t = Template(config.routing_key, where=f"destinations.{destination}.routing_key")
+        self._exchange_t = Template(
+            config.exchange, where=f"destinations.{destination}.exchange", segment="name", alphabet=r"A-Za-z0-9._:\-"
+        )
+        self._key_t = Template(config.routing_key, where=f"destinations.{destination}.routing_key", segment="subject")
         self._secrets = config.secrets()
         self._conn: aio_pika.abc.AbstractConnection | None = None
         self._channel: aio_pika.abc.AbstractChannel | None = None
@@ -134,7 +136,11 @@ class RabbitMQTransport(Transport):
         )
 
     def target(self, event: Event) -> str:
-        return f"{self._exchange_t.render(event)}/{self._key_t.render(event)}"
+        exchange, key = self._exchange_t.render(event), self._key_t.render(event)
+        for part in (exchange, key):
+            if isinstance(part, RejectedTarget):  # keep the marker: the relay rejects the message
+                return part
+        return f"{exchange}/{key}"
 
     # -- lifecycle -----------------------------------------------------------
 

@@ -114,7 +114,7 @@ class RedisTransport(Transport):
     def __init__(self, config: RedisConfig, *, destination: str = "redis") -> None:
         super().__init__(config, destination=destination)
         self.cfg: RedisConfig = config
-        self._template = Template(config.stream, where=f"destinations.{destination}.stream")
+        self._template = Template(config.stream, where=f"destinations.{destination}.stream", segment="key")
         self._client: aioredis.Redis | None = None
         self._state = "new"
         self.server_version: tuple[int, ...] | None = None

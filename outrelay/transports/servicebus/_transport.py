@@ -116,7 +116,7 @@ class ServiceBusTransport(Transport):
         super().__init__(config, destination=destination)
         self.cfg: ServiceBusConfig = config
         where = f"destinations.{destination}.{'queue' if config.queue is not None else 'topic'}"
-        self._template = Template(config.entity, where=where)
+        self._template = Template(config.entity, where=where, segment="name", alphabet=r"A-Za-z0-9._\-")
         self._client: Any = None
         self._senders: dict[str, Any] = {}
         self._locks: dict[str, asyncio.Lock] = {}

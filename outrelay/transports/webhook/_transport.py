@@ -39,7 +39,6 @@ import asyncio
 import ssl
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -83,10 +82,9 @@ class WebhookTransport(Transport):
     def __init__(self, config: WebhookConfig, *, destination: str = "webhook") -> None:
         super().__init__(config, destination=destination)
         self.cfg: WebhookConfig = config
-        # substituted values are percent-encoded so a stream like "a/b?c" cannot change the URL's shape
-        self._template = Template(
-            config.url, where=f"destinations.{destination}.url", escape=lambda v: quote(v, safe="")
-        )
+        # substituted values are percent-encoded so a stream like "a/b?c" cannot change the URL's shape;
+        # a "." or ".." value is rejected (segment="url", see outrelay.core.segments)
+        self._template = Template(config.url, where=f"destinations.{destination}.url", segment="url")
         self._keys = normalize_secrets(config.secrets())
         self._static_headers = {"user-agent": f"outrelay/{__version__}"} | {
             k.lower(): v.get_secret_value() for k, v in config.headers.items()
