@@ -1,6 +1,7 @@
 """The event envelope: immutable, validated at construction.
 
-An :class:`Event` carries the DESIGN.md envelope. ``data`` is always stored as
+An :class:`Event` carries outrelay's envelope (the CloudEvents mapping of its
+fields is in :mod:`outrelay.core.cloudevents`). ``data`` is always stored as
 bytes: a ``bytes``-like value is kept verbatim, a ``str`` is UTF-8 encoded, and
 any other value is encoded once as JSON (orjson). The content type defaults
 accordingly (``application/octet-stream``, ``text/plain; charset=utf-8``,

@@ -3,7 +3,7 @@
 A small python-qpid-proton server that the real ``azure-servicebus`` SDK
 talks to over real AMQP 1.0 frames, so the ``servicebus`` transport can be
 tested without Docker or a cloud namespace. It implements only what the
-tests check, the way Service Bus does it on the wire (see TEST-PEERS.md):
+tests check, the way Service Bus does it on the wire (see docs/testing.md):
 
 * SASL ANONYMOUS, no TLS (the SDK's ``UseDevelopmentEmulator=true``);
 * claims-based auth: ``$cbs`` put-token requests answered 200;
