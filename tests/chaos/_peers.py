@@ -83,5 +83,6 @@ def sink_records(out: Path) -> list[tuple[str, str]]:
     """``(event id, stream)`` of every request the sink acknowledged, in arrival order."""
     if not out.exists():
         return []
-    lines = out.read_text(encoding="utf-8").splitlines()
+    data = out.read_text(encoding="utf-8")
+    lines = data[: data.rfind("\n") + 1].splitlines()  # a line still being written waits for the next read
     return [(i, s) for i, _, s in (line.partition("\t") for line in lines) if s]
