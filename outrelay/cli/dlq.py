@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,8 +35,14 @@ ConsumerOption = typer.Option(
 )
 
 
-def _consumers(cfg: OutrelayConfig) -> ConsumerDeadLetters:
-    return ConsumerDeadLetters(cfg.bus.dead_letters or cfg.outbox.url)
+@contextmanager
+def _consumers(cfg: OutrelayConfig) -> Iterator[ConsumerDeadLetters]:
+    """The consumer dead letters of ``cfg`` (``[bus] dead_letters``, else the outbox database), closed after."""
+    dlq = ConsumerDeadLetters(cfg.bus.dead_letters or cfg.outbox.url)
+    try:
+        yield dlq
+    finally:
+        dlq.close()
 
 
 def _consumer_filter(consumer: str) -> str | None:
@@ -80,12 +88,10 @@ def list_(
 
 
 def _list_consumer(cfg: OutrelayConfig, consumer: str, states: tuple[str, ...], limit: int, as_json: bool) -> None:
-    dlq = _consumers(cfg)
-    try:
+    with _consumers(cfg) as dlq:
         rows = dlq.entries(consumer=_consumer_filter(consumer), states=states, limit=limit)
-    finally:
-        dlq.close()
-    docs = [r.summary() for r in rows]
+    secrets = secrets_of(cfg)
+    docs = [{**r.summary(), "reason": mask(r.reason, secrets)} for r in rows]
     if as_json:
         console.print_json(orjson.dumps(docs).decode())
         return
@@ -111,13 +117,11 @@ def show(
     """Show one dead letter with its whole event (CloudEvents JSON)."""
     cfg = load(config)
     if consumer:
-        dlq = _consumers(cfg)
-        try:
+        with _consumers(cfg) as dlq:
             cdl = dlq.get(dl_id)
-        finally:
-            dlq.close()
         body: object = orjson.loads(cdl.body) if cdl.type else cdl.body.decode("utf-8", "replace")
-        console.print_json(orjson.dumps({**cdl.summary(), "event": body}).decode())
+        doc = {**cdl.summary(), "reason": mask(cdl.reason, secrets_of(cfg)), "event": body}
+        console.print_json(orjson.dumps(doc).decode())
         return
     with Outbox.open(cfg.outbox.url) as outbox:
         dl = outbox.store.dead_letter(dl_id)
@@ -151,11 +155,8 @@ def replay(
     cfg = load(config)
     selected = _select(ids or [], all_)
     if consumer is not None:
-        dlq = _consumers(cfg)
-        try:
+        with _consumers(cfg) as dlq:
             n = dlq.replay(selected, consumer=_consumer_filter(consumer))
-        finally:
-            dlq.close()
         console.print(f"queued {n} consumer dead letter(s); a running member handles them again", markup=False)
         return
     with Outbox.open(cfg.outbox.url) as outbox:
@@ -180,11 +181,8 @@ def purge(
         what = "ALL dead letters" if selected is None else f"{len(selected)} dead letter(s)"
         typer.confirm(f"Purge {what}{' of ' + of if of else ''}?", abort=True)
     if consumer is not None:
-        dlq = _consumers(cfg)
-        try:
+        with _consumers(cfg) as dlq:
             n = dlq.purge(selected, consumer=_consumer_filter(consumer))
-        finally:
-            dlq.close()
         console.print(f"purged {n} consumer dead letter(s)", markup=False)
         return
     with Outbox.open(cfg.outbox.url) as outbox:
