@@ -10,16 +10,15 @@ the relay.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from outrelay.core.envelope import Event
 from outrelay.core.stores.base import HistoryFilter, Snapshot
+from outrelay.core.stores.postgres_ops import PostgresParts
 
 if TYPE_CHECKING:
     import psycopg
-
-    from outrelay.core.stores.postgres_schema import Names
 
     Cursor = psycopg.Cursor[Any]
 
@@ -28,17 +27,11 @@ __all__ = ["HistoryMixin"]
 T = TypeVar("T")
 
 
-class HistoryMixin:
-    """Needs ``n`` (table names), ``_run``, ``_q`` and ``_event`` from the store."""
-
-    n: Names
+class HistoryMixin(PostgresParts):
+    """History, snapshots and retention of the PostgreSQL store (also needs ``_lock_lanes``)."""
 
     if TYPE_CHECKING:
 
-        def _run(self, fn: Callable[[Cursor], T], *, reconnect: bool = True) -> T: ...
-        def _q(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> list[Any]: ...
-        @staticmethod
-        def _event(seq: int, attrs: Any, data: bytes) -> Event: ...
         def _lock_lanes(self, cur: Cursor, keys: set[tuple[str, str]]) -> None: ...
 
     def history(self, where: HistoryFilter, *, after: int = 0, limit: int = 1000) -> list[Event]:

@@ -19,13 +19,13 @@ if TYPE_CHECKING:
 
     Cursor = psycopg.Cursor[Any]
 
-__all__ = ["OperatorMixin"]
+__all__ = ["OperatorMixin", "PostgresParts"]
 
 T = TypeVar("T")
 
 
-class OperatorMixin:
-    """Needs ``n`` (table names), ``_run``, ``_q`` and ``_event`` from the store."""
+class PostgresParts:
+    """What the PostgreSQL store's mixins need from it: ``n`` (table names), ``_run``, ``_q`` and ``_event``."""
 
     n: Names
 
@@ -35,6 +35,10 @@ class OperatorMixin:
         def _q(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> list[Any]: ...
         @staticmethod
         def _event(seq: int, attrs: Any, data: bytes) -> Event: ...
+
+
+class OperatorMixin(PostgresParts):
+    """The operator side of the PostgreSQL store (status, dead letters, replay)."""
 
     def status(self, destinations: Sequence[str], now: float) -> list[DestinationStatus]:
         n = self.n

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from outrelay.core.envelope import Event
 from outrelay.core.stores.base import HistoryFilter, Snapshot
+from outrelay.core.stores.sqlite_ops import SQLiteParts
 
 __all__ = ["SQLiteHistoryMixin"]
 
@@ -28,19 +28,11 @@ _KEEP = (
 )
 
 
-class SQLiteHistoryMixin:
-    """Needs ``_tx``, ``_q``, ``_event`` and ``_cursor`` from the store."""
+class SQLiteHistoryMixin(SQLiteParts):
+    """History, snapshots and retention of the SQLite store (also needs ``_enqueue``)."""
 
     if TYPE_CHECKING:
 
-        def _tx(
-            self, mode: str = "IMMEDIATE", *, relaxed: bool = False
-        ) -> AbstractContextManager[sqlite3.Connection]: ...
-        def _q(self, sql: str, args: Sequence[Any] = ()) -> list[Any]: ...
-        @staticmethod
-        def _event(seq: int, attrs: bytes | str, data: bytes) -> Event: ...
-        @staticmethod
-        def _cursor(db: sqlite3.Connection) -> int: ...
         @staticmethod
         def _enqueue(db: sqlite3.Connection, dest: str, stream: str, seq: int, now: float) -> None: ...
 

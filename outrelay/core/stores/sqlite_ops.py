@@ -17,11 +17,11 @@ from outrelay.core.envelope import Event
 from outrelay.core.errors import NotFoundError
 from outrelay.core.stores.base import DeadLetter, DestinationStatus
 
-__all__ = ["SQLiteOperatorMixin"]
+__all__ = ["SQLiteOperatorMixin", "SQLiteParts"]
 
 
-class SQLiteOperatorMixin:
-    """Needs ``_tx``, ``_q``, ``_event`` and ``_cursor`` from the store."""
+class SQLiteParts:
+    """What the SQLite store's mixins need from it: ``_tx``, ``_q``, ``_event`` and ``_cursor``."""
 
     if TYPE_CHECKING:
 
@@ -33,6 +33,10 @@ class SQLiteOperatorMixin:
         def _event(seq: int, attrs: bytes | str, data: bytes) -> Event: ...
         @staticmethod
         def _cursor(db: sqlite3.Connection) -> int: ...
+
+
+class SQLiteOperatorMixin(SQLiteParts):
+    """The operator side of the SQLite store (status, dead letters, replay)."""
 
     def status(self, destinations: Sequence[str], now: float) -> list[DestinationStatus]:
         out = []
