@@ -7,6 +7,10 @@ Attribute names (all strings on the wire)::
     tenantid correlationid causationid eventversion schemaversion
     producerversion sequence     <- outbox sequence
     labels metadata              <- JSON objects; tags <- JSON array
+    traceparent tracestate       <- metadata keys of the same name (the
+    keyid                           distributed-tracing extension, payload
+                                    encryption's key id): promoted to their own
+                                    attributes, back into metadata on decode
 
 ``binary_headers`` gives the binary-mode attributes under a protocol prefix
 (``ce-`` HTTP/NATS, ``ce_`` Kafka, ``cloudEvents_`` AMQP); ``datacontenttype``
@@ -31,6 +35,7 @@ from outrelay.core.envelope import Event, is_json_content_type
 from outrelay.core.errors import EventError
 
 __all__ = [
+    "PROMOTED_METADATA",
     "STRUCTURED_CONTENT_TYPE",
     "attributes",
     "binary_headers",
@@ -53,6 +58,11 @@ _SIMPLE = {
 }
 _SIMPLE_ITEMS = tuple(_SIMPLE.items())
 
+#: Metadata keys carried as CloudEvents extension attributes of their own (not
+#: inside the ``metadata`` JSON): W3C trace context (the CloudEvents
+#: distributed-tracing extension) and the payload-encryption key id.
+PROMOTED_METADATA = ("traceparent", "tracestate", "keyid")
+
 
 def attributes(event: Event) -> dict[str, str]:
     """The CloudEvents context attributes of ``event`` (no data), as strings."""
@@ -68,7 +78,7 @@ def binary_headers(event: Event, prefix: str = "ce-") -> dict[str, str]:
 def _names(prefix: str) -> dict[str, str]:
     """Attribute name -> name on the wire (``prefix`` + name), built once per prefix."""
     core = ("specversion", "id", "source", "type", "time", "partitionkey", "streamid", "datacontenttype")
-    extra = ("sequence", "labels", "tags", "metadata")
+    extra = ("sequence", "labels", "tags", "metadata", *PROMOTED_METADATA)
     return {n: prefix + n for n in (*core, *_SIMPLE.values(), *extra)}
 
 
@@ -96,7 +106,12 @@ def _attributes(event: Event, n: dict[str, str], content_type: bool) -> dict[str
     if event.tags:
         out[n["tags"]] = orjson.dumps(list(event.tags)).decode()
     if event.metadata:
-        out[n["metadata"]] = orjson.dumps(dict(event.metadata)).decode()
+        meta = dict(event.metadata)
+        for key in PROMOTED_METADATA:
+            if key in meta:
+                out[n[key]] = meta.pop(key)
+        if meta:
+            out[n["metadata"]] = orjson.dumps(meta).decode()
     return out
 
 
@@ -122,6 +137,9 @@ def from_attributes(attrs: Mapping[str, str], data: bytes) -> Event:
     for name in ("labels", "metadata"):
         if name in attrs:
             fields[name] = orjson.loads(attrs[name])
+    for key in PROMOTED_METADATA:
+        if key in attrs:
+            fields.setdefault("metadata", {})[key] = attrs[key]
     if "tags" in attrs:
         fields["tags"] = tuple(orjson.loads(attrs["tags"]))
     sequence = int(attrs["sequence"]) if "sequence" in attrs else None
