@@ -116,7 +116,9 @@ def setup_logging(level: str, fmt: str) -> None:
 
         formatter = JsonFormatter()
     else:
-        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from outrelay.cli._jsonlog import TextFormatter
+
+        formatter = TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     JSON_LOGS = fmt == "json"
     handler.setFormatter(formatter)
     root = logging.getLogger("outrelay")

@@ -31,6 +31,14 @@ NOTES: dict[str, dict[str, str]] = {
         "outbox": "the `[outbox]` table",
         "relay": "the `[relay]` table",
         "bus": "the `[bus]` table",
+        "event_log": "the `[event_log]` table: one log line per published event on the `outrelay.events` "
+        "logger (see docs/observability.md)",
+        "audit": "the `[audit]` table: the tamper-evident audit chain (see docs/audit.md)",
+        "tracing": "the `[tracing]` table: OpenTelemetry spans and W3C trace context on every event "
+        "(off by default; see docs/tracing.md)",
+        "crypto": "the `[crypto]` table: AES-256-GCM payload encryption with `keys` (name = `env:VAR` or "
+        "`file:/path`), `encrypt_with`, `[[crypto.rules]]` (`types`, `tenants`, `destinations`) and `at_rest`; "
+        "absent: off (see docs/encryption.md)",
         "destinations": "one `[destinations.NAME]` table per destination",
         "routes": "`[[routes]]` entries; none: every event goes to every destination",
     },

@@ -26,6 +26,7 @@ from outrelay.core import templates
 from outrelay.core.config import (
     BusConfig,
     DestinationConfig,
+    EventLogConfig,
     OutboxConfig,
     OutrelayConfig,
     RelayConfig,
@@ -42,6 +43,7 @@ _CORE: list[tuple[str, type[BaseModel], str]] = [
     ("[outbox]", OutboxConfig, "Where events are stored: the outbox database."),
     ("[relay]", RelayConfig, "How the relay polls, leases, batches and drains."),
     ("[bus]", BusConfig, ""),
+    ("[event_log]", EventLogConfig, ""),
     ("[destinations.NAME]", DestinationConfig, ""),
     ("[destinations.NAME.retry]", RetryPolicy, ""),
     ("[[routes]]", RouteConfig, ""),

@@ -11,12 +11,14 @@ from pathlib import Path
 import orjson
 import typer
 
+from outrelay.cli import audit
 from outrelay.cli._common import ConfigOption, console, load, mask, secrets_of
 from outrelay.core import cloudevents
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.consumer_dlq import ConsumerDeadLetters
 from outrelay.core.errors import ConfigError
 from outrelay.core.outbox import Outbox
+from outrelay.plugins.crypto import reveal
 
 __all__ = ["app"]
 
@@ -121,15 +123,21 @@ def show(
             cdl = dlq.get(dl_id)
         body: object = orjson.loads(cdl.body) if cdl.type else cdl.body.decode("utf-8", "replace")
         doc = {**cdl.summary(), "reason": mask(cdl.reason, secrets_of(cfg)), "event": body}
+        if cdl.type and isinstance(body, dict) and body.get("keyid"):  # sealed: decrypt if the keys are here
+            event, doc["encryption"] = reveal(cfg, cloudevents.from_structured(cdl.body))
+            doc["event"] = orjson.loads(cloudevents.to_structured(event))
         console.print_json(orjson.dumps(doc).decode())
         return
     with Outbox.open(cfg.outbox.url) as outbox:
         dl = outbox.store.dead_letter(dl_id)
+    event, note = reveal(cfg, dl.event)  # sealed at rest: decrypted if the keys are here
     doc = {
         **dl.summary(),
         "reason": mask(dl.reason, secrets_of(cfg)),
-        "event": orjson.loads(cloudevents.to_structured(dl.event)),
+        "event": orjson.loads(cloudevents.to_structured(event)),
     }
+    if note:
+        doc["encryption"] = note
     console.print_json(orjson.dumps(doc).decode())
 
 
@@ -157,10 +165,12 @@ def replay(
     if consumer is not None:
         with _consumers(cfg) as dlq:
             n = dlq.replay(selected, consumer=_consumer_filter(consumer))
+        audit.record(cfg, "dlq.replay", {"consumer": consumer, "ids": selected, "count": n})
         console.print(f"queued {n} consumer dead letter(s); a running member handles them again", markup=False)
         return
     with Outbox.open(cfg.outbox.url) as outbox:
         n = outbox.store.replay_dead(selected, destination=destination, now=time.time())
+        audit.record(cfg, "dlq.replay", {"destination": destination, "ids": selected, "count": n}, outbox.store)
     console.print(f"queued {n} dead letter(s) for delivery; a running relay picks them up", markup=False)
 
 
@@ -183,8 +193,10 @@ def purge(
     if consumer is not None:
         with _consumers(cfg) as dlq:
             n = dlq.purge(selected, consumer=_consumer_filter(consumer))
+        audit.record(cfg, "dlq.purge", {"consumer": consumer, "ids": selected, "count": n})
         console.print(f"purged {n} consumer dead letter(s)", markup=False)
         return
     with Outbox.open(cfg.outbox.url) as outbox:
         n = outbox.store.purge_dead(selected, destination=destination)
+        audit.record(cfg, "dlq.purge", {"destination": destination, "ids": selected, "count": n}, outbox.store)
     console.print(f"purged {n} dead letter(s)", markup=False)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from outrelay.cli import audit
 from outrelay.cli._common import ConfigOption, console, err_console, load
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.errors import ConfigError
@@ -27,6 +28,9 @@ def register(app: typer.Typer) -> None:
     from outrelay.cli.tail import tail
 
     app.command("tail")(tail)
+    from outrelay.cli import scaffold
+
+    scaffold.register(app)
 
 
 def _known(cfg: OutrelayConfig, destination: str) -> None:
@@ -44,6 +48,7 @@ def enable(
     _known(cfg, destination)
     with Outbox.open(cfg.outbox.url) as outbox:
         outbox.store.set_disabled(destination, None, time.time())
+        audit.record(cfg, "enable", {"destination": destination}, outbox.store)
     console.print(f"{destination}: enabled", markup=False)
 
 
@@ -57,6 +62,7 @@ def disable(
     _known(cfg, destination)
     with Outbox.open(cfg.outbox.url) as outbox:
         outbox.store.set_disabled(destination, reason, time.time())
+        audit.record(cfg, "disable", {"destination": destination, "reason": reason}, outbox.store)
     console.print(f"{destination}: disabled ({reason})", markup=False)
 
 
@@ -80,6 +86,9 @@ def replay(
         return
     with Outbox.open(cfg.outbox.url) as outbox:
         n = outbox.store.replay_stream(destination, stream=stream, after=after, now=time.time())
+        if n:
+            done = {"destination": destination, "stream": stream, "after": after, "count": n}
+            audit.record(cfg, "replay", done, outbox.store)
     if n == 0:  # asked for something that is not there: say so, and exit non-zero
         what = f"no such stream {stream!r} routed to {destination}" if stream else f"nothing routed to {destination}"
         err_console.print(
@@ -133,6 +142,9 @@ def _replay_selected(
                 rate=rate,
                 progress=lambda done: bar.update(task, completed=done),
             )
+        if n:
+            done = {"destination": destination, "selection": what, "after": after, "count": n}
+            audit.record(cfg, "replay", done, outbox.store)
     if n == 0:
         err_console.print(
             f"outrelay: error: none of the {p.count} event(s) of {what} is routed yet; nothing queued",
@@ -187,21 +199,67 @@ def migrate(
 
 
 def conformance(
-    destination: str = typer.Option(..., "--destination", "-d", help="The configured destination to certify."),
+    destination: str | None = typer.Option(
+        None, "--destination", "-d", help="The configured destination to certify (with --config)."
+    ),
+    plugins: list[str] = typer.Option(
+        [], "--plugin", help="Load a transport not installed as a package: module:Class, module or file.py."
+    ),
+    transport: str | None = typer.Option(None, "--transport", help="Without --config: the transport's name."),
+    options: list[str] = typer.Option(
+        [], "--option", "-o", help="Without --config: a transport option key=value (repeatable)."
+    ),
+    unreachable: list[str] = typer.Option(
+        [], "--unreachable", help="Option override key=value pointing at a dead endpoint (broker-down checks)."
+    ),
+    endpoint: str | None = typer.Option(
+        None, "--endpoint", help="HOST_OPTION,PORT_OPTION: the options naming the broker (enables the fault checks)."
+    ),
+    timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Bound on each open/send/close/check call (s)."),
+    read_timeout: float = typer.Option(10.0, "--read-timeout", min=0.1, help="How long a check waits to read (s)."),
+    isolate: bool = typer.Option(True, "--isolate/--no-isolate", help="Try a fresh target per check."),
     report_json: Path | None = typer.Option(None, "--report-json", help="Also write the report as JSON here."),
     report_md: Path | None = typer.Option(None, "--report-md", help="Also write the report as Markdown here."),
     config: Path | None = ConfigOption,
 ) -> None:
-    """Run the transport conformance suite against a configured destination."""
-    from outrelay.conformance.runner import run_conformance
+    """Run the transport conformance suite against a configured destination or a plugin's transport.
+
+    With --config (or outrelay.toml present) and --destination, the destination as configured;
+    or, without a config, --plugin module:Class with --option key=value for its options.
+    """
+    from outrelay.conformance.runner import parse_option, run_conformance
     from outrelay.core.config import default_config_path
 
-    cfg_path = config if config is not None else default_config_path()
-    load(cfg_path)  # fail early, in one line, on a bad config
+    cfg_path: Path | None = config
+    if cfg_path is None and (destination is not None or not plugins) and transport is None:
+        cfg_path = default_config_path()
+    if cfg_path is not None:
+        if options:
+            raise ConfigError("--option describes a destination without a config; put options in the config file")
+        load(cfg_path)  # fail early, in one line, on a bad config
+        if destination is None:
+            raise ConfigError("name the destination to certify: --destination NAME", where=str(cfg_path))
     code = run_conformance(
-        str(cfg_path),
+        str(cfg_path) if cfg_path is not None else None,
         destination,
         report_json=str(report_json) if report_json else None,
         report_md=str(report_md) if report_md else None,
+        isolate=None if isolate else False,
+        read_timeout=read_timeout,
+        timeout=timeout,
+        plugins=plugins,
+        transport=transport,
+        options=dict(parse_option(o) for o in options),
+        unreachable=dict(parse_option(o) for o in unreachable) if unreachable else None,
+        endpoint=_pair(endpoint),
     )
     raise typer.Exit(int(code))
+
+
+def _pair(text: str | None) -> tuple[str, str] | None:
+    if text is None:
+        return None
+    host, sep, port = text.partition(",")
+    if not sep or not host.strip() or not port.strip():
+        raise ConfigError(f"--endpoint {text!r} must name two options, HOST_OPTION,PORT_OPTION; e.g. host,port")
+    return host.strip(), port.strip()

@@ -31,9 +31,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable
 
+from outrelay.conformance._binding import Binding
 from outrelay.core.transport import Transport
 
-__all__ = ["CHECKS", "ConformanceSuite", "ConformanceTarget"]
+__all__ = ["CHECKS", "Binding", "ConformanceSuite", "ConformanceTarget"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,30 @@ class ConformanceTarget:
       ``False`` means ``make_transport`` ignores its argument and all checks
       share one pre-existing target: readers then ignore messages the check
       did not send, and checks that need their own target skip.
+
+    Optional hooks of the v2 checks; a check whose hook is absent skips with
+    "the target declares no <hook>":
+
+    * ``upstream(target)`` — the ``(host, port)`` of the broker serving
+      ``target``, and ``make_transport_via(target, host, port)`` — the same
+      transport pointed at ``host:port`` instead. Together they let the fault
+      checks put a :class:`~outrelay.conformance._proxy.TcpProxy` in between
+      (cut, reset, black hole, stall).
+    * ``refuse_target(target)`` — a target on the same broker that the broker
+      refuses per message (a missing stream, a path answering 400...), made
+      so (a coroutine).
+    * ``make_forbidden(target)`` — the transport with credentials that may
+      connect but not publish (or are refused outright).
+    * ``throttle(target)`` — make the broker throttle ``target`` from now on,
+      returning the retry hint in seconds it gives (a coroutine).
+    * ``secret`` — a secret string (password, token, signing key) every
+      transport made by these callables is configured with; the suite greps
+      results, exceptions, ``check()`` output, reprs and logs for it.
+    * ``cleanup(target)`` — delete what a check left on the broker under a
+      target it made (streams, topics, queues, files); awaited when the check
+      ends, after its transports closed. Errors there are ignored.
+    * ``binding`` — the CloudEvents binding the transport implements (see
+      :class:`~outrelay.conformance.Binding`); ``None`` skips the binding checks.
     """
 
     make_transport: Callable[[str], Transport]
@@ -66,6 +91,14 @@ class ConformanceTarget:
     read_timeout: float = 15.0
     timeout: float = 10.0
     isolated: bool = True
+    upstream: Callable[[str], tuple[str, int]] | None = None
+    make_transport_via: Callable[[str, str, int], Transport] | None = None
+    refuse_target: Callable[[str], Awaitable[str]] | None = None
+    make_forbidden: Callable[[str], Transport] | None = None
+    throttle: Callable[[str], Awaitable[float]] | None = None
+    secret: str | None = dataclasses.field(default=None, repr=False)
+    binding: Binding | None = None
+    cleanup: Callable[[str], Awaitable[None]] | None = None
 
 
 from outrelay.conformance._harness import CHECKS  # noqa: E402

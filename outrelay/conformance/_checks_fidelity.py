@@ -32,7 +32,7 @@ from outrelay.core.transport import Delivered, Received, Rejected
 __all__: list[str] = []
 
 _LARGEST_SENT = 64 * 1024 * 1024
-_CE_PREFIXES = ("ce-", "ce_", "cloudEvents_", "cloudEvents:")
+_CE_PREFIXES = ("ce-", "ce_", "cloudEvents_", "cloudEvents:", "")  # "": MQTT 5 unprefixed user properties
 
 
 def binary_payload(size: int) -> bytes:
@@ -188,7 +188,12 @@ def decode_raw(r: Received) -> tuple[str, Event]:
         if prefix.lower() + "id" in lower:
             if lower.get(prefix.lower() + "specversion") != "1.0":
                 raise CheckFailed(f"binary-mode headers ({prefix}*) lack {prefix}specversion=1.0")
-            return "binary", cloudevents.from_binary(r.headers, r.body, content_type=r.content_type, prefix=prefix)
+            # ce- is the HTTP and NATS bindings' prefix: their values are percent-encoded (a no-op on other values)
+            percent = prefix == "ce-"
+            event = cloudevents.from_binary(
+                r.headers, r.body, content_type=r.content_type, prefix=prefix, percent=percent
+            )
+            return "binary", event
     try:
         doc = orjson.loads(r.body)
     except orjson.JSONDecodeError:

@@ -128,6 +128,7 @@ class Context:
         self.ids: set[str] = set()
         self._transports: list[Transport] = []
         self._readers: list[Reader] = []
+        self._cleanups: list[Callable[[], Awaitable[None]]] = []
 
     # -- building blocks -----------------------------------------------------
 
@@ -142,9 +143,13 @@ class Context:
     async def new_target(self, suffix: str = "") -> str:
         """A fresh target name, provisioned when the fixture says how."""
         name = self.unique + (f"-{suffix}" if suffix else "")
-        if self.ct.provision is None:
-            return name
-        return await guarded(f"provision({name!r})", self.ct.provision(name), max(self.timeout, 30.0))
+        target = name
+        if self.ct.provision is not None:
+            target = await guarded(f"provision({name!r})", self.ct.provision(name), max(self.timeout, 30.0))
+        cleanup = self.ct.cleanup
+        if cleanup is not None:  # removes what the check left on the broker, after its transports closed
+            self.on_close(lambda: cleanup(target))
+        return target
 
     def transport(self, target: str) -> Transport:
         """``make_transport(target)``, closed when the check ends."""
@@ -158,6 +163,10 @@ class Context:
         """Close ``t`` when the check ends."""
         self._transports.append(t)
         return t
+
+    def on_close(self, cleanup: Callable[[], Awaitable[None]]) -> None:
+        """Await ``cleanup()`` when the check ends, after its transports closed (a fault proxy, a server)."""
+        self._cleanups.append(cleanup)
 
     async def reader(self, t: Transport, target: str) -> Reader:
         """An entered reader of ``target``, stopped when the check ends."""
@@ -193,6 +202,9 @@ class Context:
                 await guarded("close()", t.close(), self.timeout)
             except Exception as exc:
                 problems.append(str(exc) if isinstance(exc, CheckFailed) else f"close() raised {exc!r}")
+        for cleanup in reversed(self._cleanups):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(cleanup(), self.timeout)
         if problems:
             raise CheckFailed("; ".join(problems))
 
@@ -245,6 +257,19 @@ class Session:
             if not batch:
                 await asyncio.sleep(0.01)  # a reader that returns at once must not spin the loop
         return out
+
+    async def read_until(self, ids: set[str], timeout: float, grace: float = 0.3) -> list[Received]:
+        """Read until every id of ``ids`` arrived or ``timeout`` passed, then for ``grace`` more seconds
+        (stragglers, duplicates); returns everything read, in arrival order."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        out: list[Received] = []
+        missing = set(ids)
+        while missing and (left := deadline - loop.time()) > 0:
+            batch = await self.read(len(missing), left)
+            out += batch
+            missing -= {r.event.id for r in batch}
+        return out + (await self.read(1000, grace) if grace > 0 else [])
 
     async def expect(self, count: int) -> list[Received]:
         """Exactly ``count`` messages; fails naming how many arrived."""

@@ -24,14 +24,32 @@ from pathlib import Path
 
 import pytest
 
-from outrelay.conformance import ConformanceTarget, _checks_fidelity, _checks_flow, _checks_lifecycle
+from outrelay.conformance import (
+    ConformanceTarget,
+    _checks_binding,
+    _checks_faults,
+    _checks_fidelity,
+    _checks_flow,
+    _checks_lifecycle,
+    _checks_robustness,
+    _checks_security,
+)
 from outrelay.conformance._harness import run_check
 
 __all__ = ["ConformanceSuite"]
 
 CT = ConformanceTarget
 Req = pytest.FixtureRequest
-_REGISTERED = (_checks_fidelity, _checks_flow, _checks_lifecycle)  # importing them registers the checks
+# importing them registers the checks, in this order (the report's rows)
+_REGISTERED = (
+    _checks_fidelity,
+    _checks_flow,
+    _checks_lifecycle,
+    _checks_faults,
+    _checks_security,
+    _checks_robustness,
+    _checks_binding,
+)
 
 
 class ConformanceSuite:
@@ -153,3 +171,107 @@ class ConformanceSuite:
         """A target the broker cannot accept (spaces, NUL, wildcards) yields outrelay errors or per-message results,
         never a vendor exception or a hang."""
         run_check(conformance_target, "malformed_target", tmp_path, request.node)
+
+    # -- Faults through a TCP proxy the suite controls (hooks: upstream, make_transport_via) ---------------------------
+
+    def test_fault_cut_idle(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """After open(), the proxy drops every connection; the next batch is Delivered or retryable, everything
+        Delivered is readable, and resends succeed once the transport reconnects by itself."""
+        run_check(conformance_target, "fault_cut_idle", tmp_path, request.node)
+
+    def test_fault_reset_idle(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """After open(), the proxy resets every connection (TCP RST); the next batch is Delivered or retryable, never a
+        vendor exception, and the transport recovers by itself."""
+        run_check(conformance_target, "fault_reset_idle", tmp_path, request.node)
+
+    def test_fault_cut_mid_batch(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """The connection is cut halfway through a batch: results are Delivered or retryable, every Delivered is
+        readable, per key a tail is lost but never a hole, and resending the rest succeeds."""
+        run_check(conformance_target, "fault_cut_mid_batch", tmp_path, request.node)
+
+    def test_fault_reset_mid_batch(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """The connection is reset (RST) halfway through a batch: the same guarantees as a cut."""
+        run_check(conformance_target, "fault_reset_mid_batch", tmp_path, request.node)
+
+    def test_fault_stall_mid_batch(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """The link goes silent halfway through a batch: send() returns within the bound with retryable results, and
+        after the link heals everything Delivered is readable and the rest goes through."""
+        run_check(conformance_target, "fault_stall_mid_batch", tmp_path, request.node)
+
+    def test_fault_black_hole_send(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """While the network is a black hole (connections accepted, nothing answered), send() returns within the bound
+        with RetryLater or RetryableError; after it heals, resends succeed."""
+        run_check(conformance_target, "fault_black_hole_send", tmp_path, request.node)
+
+    def test_fault_black_hole_open(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """open() through a black hole raises RetryableError within the bound (or connects lazily and the first send()
+        is retryable within the bound); close() then returns promptly."""
+        run_check(conformance_target, "fault_black_hole_open", tmp_path, request.node)
+
+    def test_fault_black_hole_check(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """check() through a black hole raises a TransportError with a message within the bound (no hang)."""
+        run_check(conformance_target, "fault_black_hole_check", tmp_path, request.node)
+
+    # -- Security: hostile values, secrets, credentials without permission (hooks: secret, make_forbidden) -------------
+
+    def test_hostile_attributes(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Attribute values that look like header injection (``a: b``, ``%0D%0A``, ``;``, quotes), very long values and
+        non-ASCII text round-trip exactly or are Rejected, and never add a header of their own."""
+        run_check(conformance_target, "hostile_attributes", tmp_path, request.node)
+
+    def test_secret_never_leaks(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """The secret the transport is configured with never appears in results, exceptions, check() output, reprs or
+        log records — also against a broker that is down and with credentials that may not publish."""
+        run_check(conformance_target, "secret_never_leaks", tmp_path, request.node)
+
+    def test_forbidden_send_permanent(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """With credentials that may not publish, open() or send() fails permanently (Rejected or a non-retryable error)
+        within the bound: never Delivered, never retried for ever."""
+        run_check(conformance_target, "forbidden_send_permanent", tmp_path, request.node)
+
+    def test_forbidden_check_says_what(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """check() with credentials that may not publish raises a TransportError within the bound whose message says
+        what to fix (permission, credentials, access...)."""
+        run_check(conformance_target, "forbidden_check_says_what", tmp_path, request.node)
+
+    # -- Robustness: refused targets, throttling, retries, dedupe over time, reopen, sockets ---------------------------
+
+    def test_refused_target_mixed(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """In a batch mixing messages for a target the broker refuses with messages for a good target, the refused ones
+        are Rejected (permanent) and every other one is Delivered and read back."""
+        run_check(conformance_target, "refused_target_mixed", tmp_path, request.node)
+
+    def test_throttle_retry_after(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """A broker that throttles answers RetryLater carrying its retry hint (retry_after, in seconds)."""
+        run_check(conformance_target, "throttle_retry_after", tmp_path, request.node)
+
+    def test_retry_keeps_event_id(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """A retry (Message.attempt > 1) carries the same event: same id and fields; with native_dedupe a first attempt
+        and its retry are read back once."""
+        run_check(conformance_target, "retry_keeps_event_id", tmp_path, request.node)
+
+    def test_dedupe_after_delay(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """With native_dedupe, a resend 1.5 s later, after 50 other messages, is still recognised (read back once):
+        dedupe holds over its declared window, not only for an immediate resend."""
+        run_check(conformance_target, "dedupe_after_delay", tmp_path, request.node)
+
+    def test_reopen_after_close(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """open() after close() works: the reopened transport delivers, and its messages are read back."""
+        run_check(conformance_target, "reopen_after_close", tmp_path, request.node)
+
+    def test_sockets_released(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Five open/send/close cycles and two check() calls on new transport instances leave no more sockets or files
+        open than before (counted in /proc/self/fd)."""
+        run_check(conformance_target, "sockets_released", tmp_path, request.node)
+
+    # -- CloudEvents protocol binding (hook: binding) ------------------------------------------------------------------
+
+    def test_binding_rules(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """The raw headers/body follow the declared CloudEvents binding: attribute prefix, valid attribute names,
+        percent-encoding where the binding wants it, datacontenttype in its carrier, or structured mode only."""
+        run_check(conformance_target, "binding_rules", tmp_path, request.node)
+
+    def test_binding_sdk_decode(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """The CloudEvents SDK's own binding (HTTP, Kafka or AMQP, as declared) decodes every raw message to the event
+        that was sent: attributes, extensions and data."""
+        run_check(conformance_target, "binding_sdk_decode", tmp_path, request.node)

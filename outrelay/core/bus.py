@@ -41,6 +41,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from outrelay.core import tracecontext
 from outrelay.core.config import OutrelayConfig, RetryPolicy, load_config
 from outrelay.core.consumer_dlq import ConsumerDeadLetters
 from outrelay.core.envelope import Event
@@ -123,10 +124,18 @@ class EventBus:
         ``[bus] destination``, else the in-process bus (``memory``). Consumer dead
         letters go to ``dead_letters``, else ``[bus] dead_letters``, else the outbox database.
 
+        ``[tracing] enabled = true`` turns tracing on for the process
+        (:mod:`outrelay.core.tracecontext`).
+
         :raises ConfigError: unknown destination, a transport without subscriptions,
             or a missing extra — one line saying how to fix it.
+        :raises MissingExtraError: tracing is enabled and OpenTelemetry is not installed.
         """
         cfg = config if isinstance(config, OutrelayConfig) else load_config(config)
+        if cfg.tracing.enabled and not tracecontext.active:
+            # handlers continue producers' traces; spans go to OpenTelemetry's global
+            # provider (``[tracing] exporter`` configures the relay's own provider only)
+            tracecontext.enable()
         name = destination or os.environ.get(BUS_ENV) or cfg.bus.destination or "memory"
         dlq_url = dead_letters or cfg.bus.dead_letters or cfg.outbox.url
         kwargs: dict[str, Any] = {"dead_letters": dlq_url, "claim_timeout": cfg.bus.claim_timeout, "member": member}

@@ -14,7 +14,12 @@ Attribute names (all strings on the wire)::
 
 ``binary_headers`` gives the binary-mode attributes under a protocol prefix
 (``ce-`` HTTP/NATS, ``ce_`` Kafka, ``cloudEvents_`` AMQP); ``datacontenttype``
-is left to the protocol's own content-type field. ``to_structured`` gives the
+is left to the protocol's own content-type field unless ``content_type=True``
+(NATS: its binding has no such field, so ``ce-datacontenttype`` is a header).
+``percent=True`` percent-encodes the values as the HTTP and NATS bindings
+require (section 3.1.3.2: space, ``"``, ``%`` and everything outside printable
+ASCII, as UTF-8 bytes ``%XY``); ``from_binary(..., percent=True)`` undoes it
+(a double-quoted value is unquoted first; invalid UTF-8 is an EventError). ``to_structured`` gives the
 JSON structured form (``application/cloudevents+json``): JSON data inline as
 ``data``, text as a string, anything else as ``data_base64``. The ``from_*``
 functions are exact inverses, so readers rebuild the original :class:`Event`.
@@ -26,8 +31,10 @@ from __future__ import annotations
 
 import base64
 import functools
+import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote, unquote
 
 import orjson
 
@@ -42,6 +49,7 @@ __all__ = [
     "from_attributes",
     "from_binary",
     "from_structured",
+    "percent_decode",
     "to_structured",
 ]
 
@@ -69,9 +77,41 @@ def attributes(event: Event) -> dict[str, str]:
     return _attributes(event, _names(""), True)
 
 
-def binary_headers(event: Event, prefix: str = "ce-") -> dict[str, str]:
-    """Binary-mode headers: every attribute but ``datacontenttype``, prefixed."""
-    return _attributes(event, _names(prefix), False)
+def binary_headers(
+    event: Event, prefix: str = "ce-", *, content_type: bool = False, percent: bool = False
+) -> dict[str, str]:
+    """Binary-mode headers: every attribute (``datacontenttype`` only with
+    ``content_type``), prefixed; values percent-encoded with ``percent``."""
+    headers = _attributes(event, _names(prefix), content_type)
+    if percent:
+        for name, value in headers.items():
+            if _NEEDS_PERCENT.search(value):
+                headers[name] = quote(value, safe=_PERCENT_SAFE)
+    return headers
+
+
+#: printable ASCII but space, '"' and '%': kept as is by the HTTP/NATS bindings' percent-encoding
+_PERCENT_SAFE = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in '"%')
+_NEEDS_PERCENT = re.compile(r"[^!#$&-~]")  # anything outside _PERCENT_SAFE
+_QUOTED_PAIR = re.compile(r"\\(.)")
+
+
+def percent_decode(value: str) -> str:
+    """One header value of the HTTP/NATS binary mode back to the attribute value:
+    a double-quoted string is unquoted (RFC 7230 3.2.6), then one round of
+    percent-decoding (lower-case hex accepted; ``%`` not followed by two hex
+    digits is kept as is).
+
+    :raises EventError: the percent-encoded bytes are not valid UTF-8.
+    """
+    if len(value) > 1 and value[0] == '"' and value[-1] == '"':
+        value = _QUOTED_PAIR.sub(r"\1", value[1:-1])
+    if "%" not in value:
+        return value
+    try:
+        return unquote(value, errors="strict")
+    except UnicodeDecodeError as exc:
+        raise EventError(f"header value {value[:80]!r} is not percent-encoded UTF-8: {exc.reason}") from None
 
 
 @functools.cache
@@ -146,12 +186,20 @@ def from_attributes(attrs: Mapping[str, str], data: bytes) -> Event:
     return Event(**fields, data=bytes(data), sequence=sequence)
 
 
-def from_binary(headers: Mapping[str, str], data: bytes, *, content_type: str | None, prefix: str = "ce-") -> Event:
-    """Inverse of :func:`binary_headers`; header names match case-insensitively."""
+def from_binary(
+    headers: Mapping[str, str], data: bytes, *, content_type: str | None, prefix: str = "ce-", percent: bool = False
+) -> Event:
+    """Inverse of :func:`binary_headers`; header names match case-insensitively.
+    ``content_type`` (the protocol's own field) is the data content type unless
+    a ``datacontenttype`` header is present; ``percent`` decodes every value with
+    :func:`percent_decode`."""
     plen = len(prefix)
     low = prefix.lower()
-    attrs = {k[plen:].lower(): v for k, v in headers.items() if k.lower().startswith(low)}
-    if content_type:
+    if percent:
+        attrs = {k[plen:].lower(): percent_decode(v) for k, v in headers.items() if k.lower().startswith(low)}
+    else:
+        attrs = {k[plen:].lower(): v for k, v in headers.items() if k.lower().startswith(low)}
+    if content_type and "datacontenttype" not in attrs:
         attrs["datacontenttype"] = content_type
     return from_attributes(attrs, data)
 

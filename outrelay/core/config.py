@@ -40,13 +40,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from outrelay.core.errors import ConfigError
 
 __all__ = [
+    "AuditConfig",
     "BusConfig",
+    "CryptoConfig",
+    "CryptoRule",
     "DestinationConfig",
+    "EventLogConfig",
     "OutboxConfig",
     "OutrelayConfig",
     "RelayConfig",
     "RetryPolicy",
     "RouteConfig",
+    "TracingConfig",
     "default_config_path",
     "interpolate",
     "load_config",
@@ -185,10 +190,160 @@ class BusConfig(_Frozen):
     claim_timeout: float = Field(30.0, ge=0.5, le=3600)
 
 
+class EventLogConfig(_Frozen):
+    """The ``[event_log]`` table: one log line per published event on the
+    ``outrelay.events`` logger (see :mod:`outrelay.plugins.eventlog`)."""
+
+    enabled: bool = Field(True, description="log every published event (the logger must also be enabled for INFO)")
+    sample: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="fraction of events logged, chosen by a hash of the event id (deterministic: an event is "
+        "logged by every relay and every retry alike); 1 logs all, 0 none",
+    )
+
+
+class AuditConfig(_Frozen):
+    """The ``[audit]`` table: the tamper-evident audit chain (see :mod:`outrelay.core.audit`).
+
+    Off by default (costs nothing then). ``hmac_key`` names where the key is,
+    never the key itself, so the config can be shown and logged safely.
+    """
+
+    enabled: bool = Field(
+        False,
+        description="record appends and deliveries (one record per batch), dead letters and operator actions "
+        "in the outbox's `outrelay_audit` hash chain; `outrelay audit verify` checks it",
+    )
+    hmac_key: str | None = Field(
+        None,
+        description="`env:VAR` or `file:/path` holding a secret of 16+ bytes: each record then also carries an "
+        "HMAC-SHA256, so an edit re-hashed by someone without the key is caught too; unset: hashes only",
+    )
+
+    @field_validator("hmac_key")
+    @classmethod
+    def _key_ref(cls, v: str | None) -> str | None:
+        # never echo the value: it may be a key pasted in by mistake
+        if v is not None and not (v.startswith(("env:", "file:")) and v.partition(":")[2]):
+            raise ValueError("must be env:VAR or file:/path (where the key is, not the key itself)")
+        return v
+
+
+class TracingConfig(_Frozen):
+    """The ``[tracing]`` table: OpenTelemetry spans (``outrelay[otel]``, see
+    :mod:`outrelay.plugins.otel` and docs/tracing.md). Off by default (costs nothing then)."""
+
+    enabled: bool = Field(
+        False,
+        description="trace the relay (claim, send per event, settle spans linked to each producer's span) and "
+        "stamp appended events with the current span's W3C trace context; needs `pip install 'outrelay[otel]'`",
+    )
+    exporter: Literal["global", "console", "otlp"] = Field(
+        "global",
+        description="where spans go: `global` (the process's OpenTelemetry tracer provider, e.g. set up by "
+        "`opentelemetry-instrument` or the embedding application), `console` (stdout, for trying it out) or "
+        "`otlp` (OTLP/HTTP, configured by the standard `OTEL_EXPORTER_OTLP_*` variables; needs "
+        "`pip install opentelemetry-exporter-otlp-proto-http`)",
+    )
+    service_name: str = Field(
+        "outrelay", min_length=1, description="`service.name` of the spans when `exporter` is console or otlp"
+    )
+
+    @model_validator(mode="after")
+    def _installed(self) -> TracingConfig:
+        if not self.enabled:
+            return self
+        import importlib
+
+        try:
+            importlib.import_module("opentelemetry.trace")
+        except ImportError:
+            raise ValueError(
+                "enabled = true needs OpenTelemetry, which is not installed: pip install 'outrelay[otel]'"
+            ) from None
+        if self.exporter == "otlp":
+            try:
+                importlib.import_module("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+            except ImportError:
+                raise ValueError(
+                    "exporter = 'otlp' needs the OTLP exporter, which is not installed: "
+                    "pip install opentelemetry-exporter-otlp-proto-http"
+                ) from None
+        return self
+
+
+class CryptoRule(_Frozen):
+    """One ``[[crypto.rules]]`` entry: which events are encrypted for which destinations.
+
+    An event is encrypted for a destination when any rule matches it; empty
+    filters match everything (``types`` are globs, as routes use).
+    """
+
+    types: tuple[str, ...] = Field(("*",), description="event type globs whose data is encrypted")
+    tenants: tuple[str, ...] = Field((), description="only these tenants' events (exact names); empty: any tenant")
+    destinations: tuple[str, ...] = Field((), description="only for these destinations; empty: every destination")
+
+
+class CryptoConfig(_Frozen):
+    """The ``[crypto]`` table: AES-256-GCM payload encryption (``outrelay[crypto]``,
+    see :mod:`outrelay.plugins.crypto` and docs/encryption.md).
+
+    ``keys`` name where each key is (``env:VAR`` or ``file:/path``), never the
+    key itself, so the config can be shown and logged safely. Only
+    ``encrypt_with`` encrypts; every listed key decrypts (rotation).
+    """
+
+    keys: dict[str, str] = Field(
+        description="key name -> `env:VAR` or `file:/path` holding 32 random bytes (base64 or hex text, or the "
+        "raw bytes in a file); the name travels with each encrypted event as its `keyid`"
+    )
+    encrypt_with: str = Field(description="the key that encrypts (the current one); the other keys only decrypt")
+    rules: tuple[CryptoRule, ...] = Field(
+        (CryptoRule(),),
+        description="`[[crypto.rules]]` entries with `types` (globs), `tenants` and `destinations` filters; "
+        "an event is encrypted for a destination when any rule matches; default: every event, every destination",
+    )
+    at_rest: bool = Field(
+        False,
+        description="also encrypt matching events when they are appended (the outbox then holds ciphertext); "
+        "destinations no rule selects get them decrypted by the relay",
+    )
+
+    @field_validator("keys")
+    @classmethod
+    def _key_refs(cls, v: dict[str, str]) -> dict[str, str]:
+        if not v:
+            raise ValueError('needs at least one key: name = "env:VAR" or "file:/path"')
+        for name, ref in v.items():
+            if not _NAME_RE.match(name):
+                raise ValueError(f"key name {name!r} must be 1-64 letters, digits, '_', '-' or '.'")
+            # never echo the value: it may be a key pasted in by mistake
+            if not (ref.startswith(("env:", "file:")) and ref.partition(":")[2]):
+                raise ValueError(f"key {name!r} must be env:VAR or file:/path (where the key is, not the key itself)")
+        return v
+
+    @model_validator(mode="after")
+    def _current_key(self) -> CryptoConfig:
+        if self.encrypt_with not in self.keys:
+            raise ValueError(
+                f"encrypt_with names key {self.encrypt_with!r}, which is not in crypto.keys "
+                f"(defined: {', '.join(sorted(self.keys))})"
+            )
+        if not self.rules:
+            raise ValueError("rules is empty: leave it out to encrypt every event, or add a rule")
+        return self
+
+
 class OutrelayConfig(_Frozen):
     outbox: OutboxConfig = OutboxConfig()
     relay: RelayConfig = RelayConfig()
     bus: BusConfig = BusConfig()
+    event_log: EventLogConfig = EventLogConfig()
+    audit: AuditConfig = AuditConfig()
+    tracing: TracingConfig = TracingConfig()
+    crypto: CryptoConfig | None = None
     destinations: dict[str, DestinationConfig] = Field(default_factory=dict)
     routes: tuple[RouteConfig, ...] = ()
     source: str | None = Field(None, description="default event source for `outrelay emit`")
@@ -203,6 +358,13 @@ class OutrelayConfig(_Frozen):
                 if dest not in self.destinations:
                     known = ", ".join(sorted(self.destinations)) or "none"
                     raise ValueError(f"routes[{i}] names destination {dest!r}, which is not defined (defined: {known})")
+        for i, rule in enumerate(self.crypto.rules if self.crypto is not None else ()):
+            for dest in rule.destinations:
+                if dest not in self.destinations:
+                    known = ", ".join(sorted(self.destinations)) or "none"
+                    raise ValueError(
+                        f"crypto.rules[{i}] names destination {dest!r}, which is not defined (defined: {known})"
+                    )
         bus = self.bus.destination
         if bus is not None and bus != "memory" and bus not in self.destinations:
             known = ", ".join(sorted(self.destinations)) or "none"

@@ -64,6 +64,8 @@ class DestinationWorker:
         self.last_error: str | None = None
         self._outage: str | None = None  # the error of the outage in progress (logged once)
         self._outage_since = 0.0
+        #: per-batch transforms plugins gave for this destination (payload encryption); usually none
+        self.transforms = relay.hook.outrelay_send_transform(config=relay.config, destination=name)
 
     # -- outage log --------------------------------------------------------------
 
@@ -130,6 +132,7 @@ class DestinationWorker:
         if room <= 0:  # stopping
             self.slots.release()
             return
+        claim_started = time.time()
         try:
             claimed = await relay.db(
                 relay.store.claim,
@@ -150,7 +153,7 @@ class DestinationWorker:
             return
         size = sum(len(c.event.data) for c in claimed)
         relay.budget.take(size)
-        task = asyncio.create_task(self._process(claimed, size))
+        task = asyncio.create_task(self._process(claimed, size, (claim_started, time.time())))
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
 
@@ -219,12 +222,16 @@ class DestinationWorker:
 
     # -- one batch ---------------------------------------------------------------
 
-    async def _process(self, claimed: Sequence[Claimed], size: int = 0) -> None:
+    async def _process(
+        self, claimed: Sequence[Claimed], size: int = 0, claim_times: tuple[float, float] = (0.0, 0.0)
+    ) -> None:
         settled = False
         try:
             transport = self.transport
             messages = [Message(c.event, transport.target(c.event), c.event.stream, c.attempts + 1) for c in claimed]
-            started = time.monotonic()
+            for transform in self.transforms:
+                messages = transform(messages)
+            started, sent_at = time.monotonic(), time.time()
             results, timed_out = await self._send(messages)
             elapsed = time.monotonic() - started
             now = time.time()
@@ -261,7 +268,11 @@ class DestinationWorker:
                 await self.relay.db(self.relay.store.set_disabled, self.name, disable, now)
             self.counts["batches"] += 1
             self.relay.hook.outrelay_batch_settled(
-                destination=self.name, messages=messages, results=results, elapsed=elapsed
+                destination=self.name,
+                messages=messages,
+                results=results,
+                elapsed=elapsed,
+                timeline=(*claim_times, sent_at, sent_at + elapsed, time.time()),
             )
             if log.isEnabledFor(logging.DEBUG):
                 for m, r in zip(messages, results, strict=True):

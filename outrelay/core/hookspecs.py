@@ -13,12 +13,14 @@ arguments; an implementation may accept any subset of them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
+    from outrelay.core.config import OutrelayConfig
+    from outrelay.core.envelope import Event
     from outrelay.core.registry import Registry
     from outrelay.core.transport import Message, SendResult
     from outrelay.core.upcasting import Upcasters
@@ -70,12 +72,14 @@ def outrelay_batch_settled(
     messages: Sequence[Message],
     results: Sequence[SendResult],
     elapsed: float,
+    timeline: tuple[float, float, float, float, float],
 ) -> None:
     """A batch was sent and its outcomes written to the outbox.
 
     Called once per batch (not per message) after settlement; ``elapsed`` is
-    the send time in seconds. Must not block: metrics and tracing plugins
-    record here.
+    the send time in seconds. ``timeline`` gives the batch's phases as
+    ``time.time()`` seconds: claim started, claim done, send started, send
+    done, settled. Must not block: metrics and tracing plugins record here.
     """
 
 
@@ -91,4 +95,38 @@ def outrelay_add_upcasters(registry: Upcasters) -> None:
     Called once per process, when the first event is read through
     :func:`outrelay.core.upcasting.default_upcasters`. A step registered by
     two plugins is an error naming type and version.
+    """
+
+
+# -------------------------------------------------------------------------
+# payload transforms (encryption); factories, called once, never per message
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def outrelay_send_transform(
+    config: OutrelayConfig, destination: str
+) -> Callable[[list[Message]], list[Message]] | None:
+    """Return a function the relay applies to each batch for ``destination``
+    just before ``transport.send``, or None to leave its batches alone.
+
+    Called once per destination when the relay starts; a destination no
+    plugin transforms pays nothing per batch. Several results apply in
+    plugin order. The function returns as many messages, in the same order;
+    it must not raise: to refuse one message (say, it cannot be decrypted),
+    give it a :class:`~outrelay.core.segments.RejectedTarget` target, and
+    the relay dead-letters it with that reason. May raise ``ConfigError``
+    here (a key cannot be read), which stops the relay with that line.
+    """
+
+
+@hookspec
+def outrelay_receive_transform(consumer: str) -> Callable[[Event], Event] | None:
+    """Return a function the subscriber runtime applies to each received event
+    before upcasting and the handler, or None.
+
+    Called once when subscription ``consumer`` starts. The function may raise
+    :class:`~outrelay.EventError` (say, the event is encrypted with a key this
+    process does not hold): the event is then dead-lettered at once with
+    that reason, as an event that cannot be upcast is.
     """

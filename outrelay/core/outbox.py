@@ -13,6 +13,10 @@ Pub/Sub 10 MB), so a larger event would only be dead-lettered later, and
 every event the relay holds costs its size in memory. Raise it with
 ``Outbox.open(url, max_event_bytes=...)`` or ``[outbox] max_event_bytes``
 (``None``: no limit) when a destination takes more.
+
+With tracing on (:mod:`outrelay.core.tracecontext`), events appended while a
+span is current are stored with its W3C trace context (metadata
+``traceparent``/``tracestate``) unless they carry one already.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from outrelay.core import tracecontext
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError, EventError
 from outrelay.core.stores.base import Store
@@ -63,18 +68,36 @@ def open_store(url: str, **options: Any) -> Store:
 class Outbox:
     """An outbox database. Thread-safe; use one per process and database."""
 
-    def __init__(self, store: Store, *, max_event_bytes: int | None = DEFAULT_MAX_EVENT_BYTES) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_event_bytes: int | None = DEFAULT_MAX_EVENT_BYTES,
+        encode: Callable[[list[Event]], list[Event]] | None = None,
+    ) -> None:
         self.store = store
         self.max_event_bytes = max_event_bytes
+        #: applied to each batch after validation, before storing (at-rest encryption, ``outrelay[crypto]``)
+        self.encode = encode
+        tracecontext.enable_from_env()  # $OUTRELAY_TRACING (see outrelay.core.tracecontext)
         self._listeners: list[Callable[[bool], None]] = []
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, url: str, *, max_event_bytes: int | None = DEFAULT_MAX_EVENT_BYTES, **options: Any) -> Outbox:
+    def open(
+        cls,
+        url: str,
+        *,
+        max_event_bytes: int | None = DEFAULT_MAX_EVENT_BYTES,
+        encode: Callable[[list[Event]], list[Event]] | None = None,
+        **options: Any,
+    ) -> Outbox:
         """Open (creating or migrating the schema) ``sqlite:///FILE`` or ``postgresql://...``.
 
-        ``max_event_bytes``: the largest event data :meth:`append` accepts (None: any)."""
-        return cls(open_store(url, **options), max_event_bytes=max_event_bytes)
+        ``max_event_bytes``: the largest event data :meth:`append` accepts (None: any).
+        ``encode``: turns each appended batch into what is stored, same ids, same
+        order (``PayloadCrypto.outbox_encoder`` seals data at rest)."""
+        return cls(open_store(url, **options), max_event_bytes=max_event_bytes, encode=encode)
 
     @property
     def url(self) -> str:
@@ -122,7 +145,9 @@ class Outbox:
                     f"{limit:,}; nothing was appended. Store large payloads elsewhere and append a reference, "
                     "or raise the limit: Outbox.open(url, max_event_bytes=N) / [outbox] max_event_bytes"
                 )
-        return batch
+        # the only cost of tracing while it is off: one module attribute read per append
+        batch = tracecontext.stamp(batch) if tracecontext.active else batch
+        return batch if self.encode is None else self.encode(batch)
 
     def add_listener(self, callback: Callable[[bool], None]) -> Callable[[], None]:
         """Call ``callback(in_caller_txn)`` after each append; returns an unsubscribe."""

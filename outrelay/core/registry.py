@@ -40,6 +40,9 @@ DEFAULT_PLUGINS = (
     "outrelay.transports.servicebus",
     "outrelay.transports.pulsar",
     "outrelay.core.stores.builtin",
+    "outrelay.plugins.eventlog",
+    "outrelay.plugins.otel",
+    "outrelay.plugins.crypto",
 )
 
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from outrelay.core import audit
 from outrelay.core.budget import ByteBudget
 from outrelay.core.config import DestinationConfig, OutrelayConfig
 from outrelay.core.destination import DestinationWorker
@@ -134,6 +135,8 @@ class Relay:
             self.config.routes, built, {n: d.tenants for n, d in self.config.destinations.items() if d.tenants}
         )
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        #: the audit chain this relay records in (``[audit] enabled``), else None
+        self.audit = audit.enable(self.store, self.config, f"relay:{self.owner}") if self.config.audit.enabled else None
         self.stopping = False
         self._running = False
         self._route_wake: asyncio.Event | None = None
@@ -201,6 +204,13 @@ class Relay:
         except BaseException:
             self._running = False  # e.g. StoreLockedError: this Relay may try again later
             raise
+        if self.audit is not None:
+            try:
+                await self.db(audit.record_start, self.store, self.audit, self.config, self.owner, time.time())
+            except BaseException:  # no run without its start on record
+                await self._release()
+                self._running = False
+                raise
         gc_before = gc.get_threshold()
         if self.config.relay.gc_threshold is not None:
             gc.set_threshold(self.config.relay.gc_threshold, *gc_before[1:])

@@ -14,6 +14,9 @@ pruned the events it covers. :func:`verify_snapshot` checks that a snapshot
 gives the same state as a full replay; :func:`replay_many` rebuilds many
 streams in parallel threads.
 
+:func:`replay_counts` gives this process's totals — folds run and events
+folded — for metrics (``outrelay_replays_total``, ``outrelay_replayed_events_total``).
+
 :raises NotFoundError: the stream has no events and no snapshot (unless ``missing_ok``).
 :raises EventError: an event with no upcaster path to its type's current version.
 :raises StoreError: the database failed.
@@ -22,6 +25,7 @@ streams in parallel threads.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,9 +43,43 @@ if TYPE_CHECKING:
     from outrelay.core.stores.base import Store
     from outrelay.core.upcasting import Upcasters
 
-__all__ = ["Projection", "ReplayResult", "rebuild", "replay", "replay_many", "verify_snapshot"]
+__all__ = [
+    "Projection",
+    "ReplayCounts",
+    "ReplayResult",
+    "rebuild",
+    "replay",
+    "replay_counts",
+    "replay_many",
+    "verify_snapshot",
+]
 
 S = TypeVar("S")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplayCounts:
+    """Replays run in this process since it started: ``folds`` (one per
+    :func:`replay`/:func:`rebuild`, also those inside :func:`replay_many`
+    and :func:`verify_snapshot`) and the ``events`` they folded."""
+
+    folds: int = 0
+    events: int = 0
+
+
+_counts = ReplayCounts()
+_counts_lock = threading.Lock()  # replay_many folds on several threads
+
+
+def replay_counts() -> ReplayCounts:
+    """This process's replay totals (see :class:`ReplayCounts`)."""
+    return _counts
+
+
+def _count(events: int) -> None:
+    global _counts
+    with _counts_lock:
+        _counts = ReplayCounts(_counts.folds + 1, _counts.events + events)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,6 +170,7 @@ def replay(
 
     :raises NotFoundError: no events to fold from the start of an unknown stream."""
     state, last, count = _fold(_events(store, stream, after, upcasters, lean), apply, initial, None)
+    _count(count)
     if count == 0 and after == 0 and not missing_ok:
         raise NotFoundError(f"stream {stream!r} has no events in the outbox {_where(store)}; check the name")
     return ReplayResult(stream, state, last or after, count)
@@ -170,6 +209,7 @@ def rebuild(
 
     events = _events(store, stream, after, upcasters, projection.lean)
     state, last, count = _fold(events, projection.apply, state, save if snapshot_every else None)
+    _count(count)
     if count == 0 and snap is None and not missing_ok:
         raise NotFoundError(f"stream {stream!r} has no events in the outbox {_where(store)}; check the name")
     if snapshot_every and count % snapshot_every:

@@ -13,7 +13,9 @@ the behaviour users rely on. Here, the mechanics:
 * a parked stream's lane keeps its messages unacked and has no worker until
   the operator's replay succeeds or the dead letter is purged (seen by a
   poll of the dead-letter table every ``poll_interval`` seconds, which also
-  takes queued replays).
+  takes queued replays);
+* with tracing on (:mod:`outrelay.core.tracecontext`), each handler attempt
+  on an event carrying a ``traceparent`` runs in a CONSUMER span under it.
 
 If the dead-letter database fails, nothing is acked: the lane waits a
 second and handles its head again (the handler may then run again).
@@ -32,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from fnmatch import fnmatchcase
 from typing import Any
 
-from outrelay.core import cloudevents
+from outrelay.core import cloudevents, tracecontext
 from outrelay.core.config import RetryPolicy
 from outrelay.core.consumer_dlq import ConsumerDeadLetter, ConsumerDeadLetters
 from outrelay.core.envelope import Event
@@ -113,6 +115,8 @@ class Subscription:
         self._closer: asyncio.Task[None] | None = None
         self.stopped = False
         self._done = asyncio.Event()
+        #: plugins' receive transforms (decryption), found when the subscription starts
+        self._decoders: list[Callable[[Event], Event]] = []
 
     def __repr__(self) -> str:
         kind = f"group={self.group!r}" if self.group else "fan-out"
@@ -121,6 +125,7 @@ class Subscription:
     # -- lifecycle ----------------------------------------------------------
 
     async def start(self) -> None:
+        tracecontext.enable_from_env()  # $OUTRELAY_TRACING: a subscriber-only process has no Outbox to read it
         await self.backend.start()
         try:
             heads = await asyncio.to_thread(self._dlq.parked_streams, self.consumer)
@@ -128,6 +133,7 @@ class Subscription:
             await self.backend.stop()
             raise
         self._parked = dict.fromkeys(heads)
+        self._decoders = await asyncio.to_thread(_receive_transforms, self.consumer)
         self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._dead_letter_loop())]
 
     async def unsubscribe(self, grace: float = 10.0) -> None:
@@ -242,10 +248,11 @@ class Subscription:
             self.stats.skipped += 1
             await self._ack(m)
             return True
+        received = event
         try:
-            event = upcast(event)  # handlers see every event at its type's current version
-        except EventError as exc:  # no upcaster path: retrying cannot help
-            outcome: tuple[str, int, float] | None = (f"cannot upcast: {exc}", 0, time.time())
+            event = self._decode(event)  # handlers see decrypted events at their type's current version
+        except EventError as exc:  # no key, altered data, no upcaster path: retrying cannot help
+            outcome: tuple[str, int, float] | None = (str(exc), 0, time.time())
         else:
             outcome = await self._attempts(event)
             if outcome is None:
@@ -256,7 +263,9 @@ class Subscription:
                 return False
         assert outcome is not None
         reason, attempts, first = outcome
-        await self._record(event, reason, attempts, first, "parked" if self._park else "dead")
+        # with decoders, the dead letter keeps the event as received (ciphertext stays ciphertext)
+        kept = received if self._decoders else event
+        await self._record(event, reason, attempts, first, "parked" if self._park else "dead", kept)
         if self._park:
             self.stats.parked += 1
             self._parked[event.stream] = event.id
@@ -265,18 +274,35 @@ class Subscription:
         await self._ack(m)
         return True
 
+    def _decode(self, event: Event) -> Event:
+        """Plugins' receive transforms (decryption), then upcasting.
+
+        :raises EventError: the reason, naming the step that failed."""
+        try:
+            for decode in self._decoders:
+                event = decode(event)
+        except EventError as exc:
+            raise EventError(f"cannot decode: {exc}") from None
+        try:
+            return upcast(event)
+        except EventError as exc:
+            raise EventError(f"cannot upcast: {exc}") from None
+
     async def _attempts(self, event: Event) -> tuple[str, int, float] | None:
         """Call the handler until it succeeds (None) or the attempts run out
         (reason, attempts, first failure time). Stops early when unsubscribing."""
         first = 0.0
+        traced = tracecontext.active and "traceparent" in event.metadata
         for attempt in range(1, self._max_attempts + 1):
             try:
-                if self._is_async:
-                    await self._handler(event)
-                else:
-                    result = await asyncio.to_thread(self._handler, event)
-                    if inspect.isawaitable(result):
-                        await result
+                # with tracing on, each attempt is a CONSUMER span continuing the producer's trace
+                with tracecontext.consuming(event, self.consumer) if traced else contextlib.nullcontext():
+                    if self._is_async:
+                        await self._handler(event)
+                    else:
+                        result = await asyncio.to_thread(self._handler, event)  # copies the span's context
+                        if inspect.isawaitable(result):
+                            await result
                 return None
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}"
@@ -288,7 +314,9 @@ class Subscription:
             await asyncio.sleep(backoff_delay(self._retry, attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _record(self, event: Event, reason: str, attempts: int, first: float, state: str) -> None:
+    async def _record(
+        self, event: Event, reason: str, attempts: int, first: float, state: str, kept: Event | None = None
+    ) -> None:
         log.warning(
             "subscription %s: event %s (%s, stream %r) %s after %d attempt(s): %s",
             self.consumer, event.id, event.type, event.stream,
@@ -302,7 +330,7 @@ class Subscription:
             type=event.type,
             stream=event.stream,
             tenant=event.tenant,
-            body=cloudevents.to_structured(event),
+            body=cloudevents.to_structured(event if kept is None else kept),
             content_type=cloudevents.STRUCTURED_CONTENT_TYPE,
             reason=reason,
             attempts=attempts,
@@ -348,7 +376,12 @@ class Subscription:
             log.warning("subscription %s: dead letter %d is not an event and cannot be replayed", self.consumer, dl.id)
             return
         event = cloudevents.from_structured(dl.body)
-        outcome = await self._attempts(event)
+        try:
+            event = self._decode(event) if self._decoders else event  # kept as received: decode again
+        except EventError as exc:
+            outcome: tuple[str, int, float] | None = (str(exc), 0, now)
+        else:
+            outcome = await self._attempts(event)
         if outcome is None:
             self.stats.replayed += 1
             await asyncio.to_thread(self._dlq.finish, dl.id, state="replayed", now=time.time())
@@ -369,3 +402,17 @@ class Subscription:
         if lane and event_id is not None and lane[0].received is not None and lane[0].received.event.id == event_id:
             await self._ack(lane.popleft())
         self._wake(stream)
+
+
+_hooks: Any = None
+
+
+def _receive_transforms(consumer: str) -> list[Callable[[Event], Event]]:
+    """What plugins apply to received events (``outrelay_receive_transform``), through
+    one plugin registry per process (built on first use: it loads the plugins)."""
+    global _hooks
+    if _hooks is None:
+        from outrelay.core.registry import Registry
+
+        _hooks = Registry().pm.hook
+    return list(_hooks.outrelay_receive_transform(consumer=consumer))

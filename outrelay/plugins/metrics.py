@@ -6,16 +6,35 @@ size and oldest pending age from the outbox — the same facts as ``outrelay
 status``, so every relay process of one PostgreSQL outbox reports them alike.
 The same port answers ``/healthz`` and ``/readyz`` (:mod:`outrelay.plugins.health`).
 
-Metric names (all labelled by ``destination``)::
+Relay metrics (all labelled by ``destination``)::
 
     outrelay_published_total          messages the broker confirmed
     outrelay_duplicates_total         ... of which the broker reported as duplicates
     outrelay_failed_total{outcome}    retry | rejected
     outrelay_batch_seconds            histogram of send() durations
+    outrelay_delivery_latency_seconds histogram, per confirmed message: event time -> broker ack
     outrelay_pending                  deliveries not yet done (queue depth)
     outrelay_dead_letters             dead letters waiting for an operator
     outrelay_oldest_pending_seconds   age of the oldest pending delivery
     outrelay_disabled                 1 when the destination is disabled
+
+``outrelay_delivery_latency_seconds`` starts at the event's ``time``: the
+envelope time, set when the application created the event just before
+appending it (the outbox keeps no separate commit time, so the transaction's
+own duration is included; an event given an explicit older ``time``, and
+history queued again by ``outrelay replay``, show their full age). It ends
+when the transport's ``send`` returned with the broker's confirmation.
+
+Subscriber and replay metrics (present once there is something to report)::
+
+    outrelay_consumed_total{consumer,outcome}   handled | skipped | dead_lettered | parked,
+                                                 of subscriptions given to :meth:`Metrics.watch`
+    outrelay_consumer_retries_total{consumer}   handler attempts that raised and were retried
+    outrelay_replays_total                      replays (folds) run in this process
+    outrelay_replayed_events_total              events those replays folded
+
+The consumer counters are this process's; a subscriber process serves them
+with ``serve_metrics(None, metrics, host, port)``.
 """
 
 from __future__ import annotations
@@ -28,6 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from outrelay.core.hookspecs import hookimpl
+from outrelay.core.replay import replay_counts
 from outrelay.core.stores.base import DestinationStatus
 from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult
 from outrelay.plugins.health import Health
@@ -35,6 +55,9 @@ from outrelay.plugins.health import Health
 __all__ = ["Metrics", "serve_metrics"]
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: delivery latency reaches further: retries back off for minutes
+_LATENCY_BUCKETS = (*_BUCKETS, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+_CONSUMED = ("handled", "skipped", "dead_lettered", "parked")
 
 
 class Metrics:
@@ -46,21 +69,53 @@ class Metrics:
         self.failed: dict[tuple[str, str], int] = defaultdict(int)
         self.buckets: dict[str, list[int]] = defaultdict(lambda: [0] * (len(_BUCKETS) + 1))
         self.seconds_sum: dict[str, float] = defaultdict(float)
+        self.latency: dict[str, list[int]] = defaultdict(lambda: [0] * (len(_LATENCY_BUCKETS) + 1))
+        self.latency_sum: dict[str, float] = defaultdict(float)
+        self._watched: list[Any] = []
+        self._subscriptions: dict[int, Any] = {}  # every subscription seen, kept so its counts stay in the totals
 
     @hookimpl
     def outrelay_batch_settled(
-        self, destination: str, messages: Sequence[Message], results: Sequence[SendResult], elapsed: float
+        self,
+        destination: str,
+        messages: Sequence[Message],
+        results: Sequence[SendResult],
+        elapsed: float,
+        timeline: tuple[float, float, float, float, float],
     ) -> None:
-        for r in results:
+        acked = timeline[3]  # send done: the broker's confirmation arrived
+        latency, lat_sum = self.latency[destination], 0.0
+        for m, r in zip(messages, results, strict=True):
             if isinstance(r, Delivered):
                 self.published[destination] += 1
                 self.duplicates[destination] += int(r.duplicate)
+                seconds = max(0.0, acked - m.event.time.timestamp())
+                latency[bisect.bisect_left(_LATENCY_BUCKETS, seconds)] += 1
+                lat_sum += seconds
             elif isinstance(r, RetryLater):
                 self.failed[(destination, "retry")] += 1
             elif isinstance(r, Rejected):
                 self.failed[(destination, "rejected")] += 1
+        self.latency_sum[destination] += lat_sum
         self.buckets[destination][bisect.bisect_left(_BUCKETS, elapsed)] += 1
         self.seconds_sum[destination] += elapsed
+
+    def watch(self, source: Any) -> None:
+        """Report the consumed events of ``source``: an :class:`~outrelay.core.bus.EventBus`
+        (each of its subscriptions, present and future) or one
+        :class:`~outrelay.core.subscriber.Subscription`. Counts are read at scrape time from
+        the subscriptions' own counters, so watching costs nothing per event. A subscription
+        that starts and stops between two scrapes of a watched bus is not seen."""
+        if hasattr(source, "stats"):
+            self._subscriptions[id(source)] = source
+        else:
+            self._watched.append(source)
+
+    def _consumers(self) -> list[Any]:
+        for bus in self._watched:
+            for sub in bus.subscriptions:
+                self._subscriptions.setdefault(id(sub), sub)
+        return sorted(self._subscriptions.values(), key=lambda s: s.consumer)
 
     def render(self, status: Sequence[DestinationStatus]) -> str:
         """The Prometheus text exposition of counters plus ``status`` gauges."""
@@ -81,13 +136,15 @@ class Metrics:
             out.append(f'outrelay_failed_total{{destination="{d}",outcome="{outcome}"}} {v}')
         family("outrelay_batch_seconds", "histogram", "Duration of one transport send() call.")
         for d, counts in sorted(self.buckets.items()):
-            acc = 0
-            for bound, c in zip((*_BUCKETS, float("inf")), counts, strict=True):
-                acc += c
-                le = "+Inf" if bound == float("inf") else repr(bound)
-                out.append(f'outrelay_batch_seconds_bucket{{destination="{d}",le="{le}"}} {acc}')
-            out.append(f'outrelay_batch_seconds_sum{{destination="{d}"}} {self.seconds_sum[d]:.6f}')
-            out.append(f'outrelay_batch_seconds_count{{destination="{d}"}} {acc}')
+            _histogram(out, "outrelay_batch_seconds", f'destination="{d}"', _BUCKETS, counts, self.seconds_sum[d])
+        family(
+            "outrelay_delivery_latency_seconds",
+            "histogram",
+            "Seconds from an event's time (set at append) to the broker's confirmation, per confirmed message.",
+        )
+        for d, counts in sorted(self.latency.items()):
+            labels = f'destination="{d}"'
+            _histogram(out, "outrelay_delivery_latency_seconds", labels, _LATENCY_BUCKETS, counts, self.latency_sum[d])
         gauges: list[tuple[str, str, Callable[[DestinationStatus], float]]] = [
             ("outrelay_pending", "Deliveries not yet done (queue depth).", lambda s: s.pending),
             ("outrelay_dead_letters", "Dead letters waiting for an operator.", lambda s: s.dead_lettered),
@@ -102,7 +159,45 @@ class Metrics:
             family(name, "gauge", help_)
             for s in status:
                 out.append(f'{name}{{destination="{s.destination}"}} {get(s):g}')
+        consumers = self._consumers()
+        if consumers:
+            totals: dict[tuple[str, str], int] = defaultdict(int)
+            retries: dict[str, int] = defaultdict(int)
+            for sub in consumers:
+                for outcome in _CONSUMED:
+                    totals[(sub.consumer, outcome)] += getattr(sub.stats, outcome)
+                retries[sub.consumer] += sub.stats.retries
+            family("outrelay_consumed_total", "counter", "Events a subscription took off the broker, by outcome.")
+            for (c, outcome), v in totals.items():
+                out.append(f'outrelay_consumed_total{{consumer="{_escape(c)}",outcome="{outcome}"}} {v}')
+            family("outrelay_consumer_retries_total", "counter", "Handler attempts that raised and were retried.")
+            for c, v in retries.items():
+                out.append(f'outrelay_consumer_retries_total{{consumer="{_escape(c)}"}} {v}')
+        replays = replay_counts()
+        if replays.folds:
+            family("outrelay_replays_total", "counter", "Replays (folds of a stream's history) run in this process.")
+            out.append(f"outrelay_replays_total {replays.folds}")
+            family("outrelay_replayed_events_total", "counter", "Events folded by those replays.")
+            out.append(f"outrelay_replayed_events_total {replays.events}")
         return "\n".join(out) + "\n"
+
+
+def _escape(value: str) -> str:
+    """A label value in the text format: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _histogram(
+    out: list[str], name: str, labels: str, bounds: Sequence[float], counts: Sequence[int], total: float
+) -> None:
+    """Append one labelled histogram's cumulative ``_bucket`` lines, ``_sum`` and ``_count``."""
+    acc = 0
+    for bound, c in zip((*bounds, float("inf")), counts, strict=True):
+        acc += c
+        le = "+Inf" if bound == float("inf") else repr(bound)
+        out.append(f'{name}_bucket{{{labels},le="{le}"}} {acc}')
+    out.append(f"{name}_sum{{{labels}}} {total:.6f}")
+    out.append(f"{name}_count{{{labels}}} {acc}")
 
 
 async def serve_metrics(
@@ -112,9 +207,12 @@ async def serve_metrics(
     ``relay`` on ``host:port`` (HTTP/1.0, one request per connection). Without ``health``, one with
     the default stall threshold is registered on the relay's plugin manager.
 
+    ``relay`` may be None in a process that only subscribes: ``/metrics`` then has no outbox
+    gauges and ``/readyz`` answers like ``/healthz``.
+
     :raises OSError: the port cannot be bound.
     """
-    if health is None:
+    if health is None and relay is not None:
         health = Health(relay)
         relay.registry.pm.register(health)
 
@@ -125,11 +223,11 @@ async def serve_metrics(
                 pass
             path = line.split(b" ")[1:2]
             if path == [b"/metrics"]:
-                status = await relay.db(relay.store.status, list(relay.transports), time.time())
+                status = await relay.db(relay.store.status, list(relay.transports), time.time()) if relay else []
                 body, code = metrics.render(status).encode(), b"200 OK"
-            elif path == [b"/healthz"]:
+            elif path == [b"/healthz"] or (path == [b"/readyz"] and health is None):
                 body, code = b"ok\n", b"200 OK"
-            elif path == [b"/readyz"]:
+            elif path == [b"/readyz"] and health is not None:
                 verdict = await health.readiness()
                 body = verdict.body().encode()
                 code = b"200 OK" if verdict.ready else b"503 Service Unavailable"

@@ -27,7 +27,7 @@ from pydantic import Field
 
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
-from outrelay.core.errors import PermanentError, RetryableError, UsageError
+from outrelay.core.errors import PermanentError, RetryableError
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.templates import Template
 from outrelay.core.transport import (
@@ -39,9 +39,9 @@ from outrelay.core.transport import (
     Rejected,
     RetryLater,
     SendResult,
-    Transport,
     TransportConfig,
 )
+from outrelay.kit import LifecycleTransport
 
 if TYPE_CHECKING:
     from outrelay.core.registry import Registry
@@ -56,8 +56,8 @@ class FileConfig(TransportConfig):
     idle_close_seconds: float = Field(30.0, gt=0, description="a handle unused this long is closed")
 
 
-class FileTransport(Transport):
-    """See the module docstring."""
+class FileTransport(LifecycleTransport):
+    """See the module docstring (open/close rules: :class:`~outrelay.kit.LifecycleTransport`)."""
 
     name = "file"
     Config = FileConfig
@@ -69,7 +69,6 @@ class FileTransport(Transport):
         self._files: OrderedDict[str, IO[bytes]] = OrderedDict()  # least recently used first
         self._used: dict[str, float] = {}  # target -> monotonic time of its last write
         self._lock = threading.Lock()
-        self._state = "new"
 
     @property
     def capabilities(self) -> Capabilities:
@@ -77,9 +76,6 @@ class FileTransport(Transport):
 
     def target(self, event: Event) -> str:
         return self._template.render(event)
-
-    async def open(self) -> None:
-        self._state = "open"
 
     def _write(self, batch: Sequence[Message]) -> list[SendResult]:
         with self._lock:  # concurrent send() calls share the open handles
@@ -144,21 +140,17 @@ class FileTransport(Transport):
             self._files.pop(target).close()
             self._used.pop(target, None)
 
-    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
-        if self._state != "open":
-            raise UsageError(f"file transport {self.destination!r} is {self._state}, not open")
+    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
         return await asyncio.to_thread(self._write, batch)
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         with self._lock:
             for fh in self._files.values():
                 fh.close()
             self._files.clear()
             self._used.clear()
-        if self._state == "open":
-            self._state = "closed"
 
-    async def check(self) -> str:
+    async def _check(self) -> str:
         path = Path(self._template.render(Event(type="check", stream="check")))
         existing = path.parent
         while not existing.exists() and existing != existing.parent:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
-from outrelay.core.errors import UsageError
+from outrelay.core.errors import RetryableError
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 from outrelay.core.templates import Template
@@ -31,9 +31,9 @@ from outrelay.core.transport import (
     Rejected,
     RetryLater,
     SendResult,
-    Transport,
     TransportConfig,
 )
+from outrelay.kit import LifecycleTransport
 from outrelay.transports._memory_bus import MemoryGroup, MemorySubscription
 
 if TYPE_CHECKING:
@@ -98,8 +98,8 @@ class MemoryBroker:
         self.down = False
 
 
-class MemoryTransport(Transport):
-    """See the module docstring."""
+class MemoryTransport(LifecycleTransport):
+    """See the module docstring (open/close rules: :class:`~outrelay.kit.LifecycleTransport`)."""
 
     name = "memory"
     Config = MemoryConfig
@@ -110,8 +110,6 @@ class MemoryTransport(Transport):
         super().__init__(config or MemoryConfig(), destination=destination)
         self.cfg: MemoryConfig = self.config  # type: ignore[assignment]
         self._template = Template(self.cfg.target, where=f"destinations.{destination}.target")
-        self._open = False
-        self._closed = False
 
     @classmethod
     def broker(cls, name: str = "default") -> MemoryBroker:
@@ -134,17 +132,11 @@ class MemoryTransport(Transport):
     def target(self, event: Event) -> str:
         return self._template.render(event)
 
-    async def open(self) -> None:
-        from outrelay.core.errors import RetryableError
-
+    async def _open(self) -> None:
         if self.cfg.down or self.broker(self.cfg.broker).down:
             raise RetryableError(f"memory broker {self.cfg.broker!r} is down", destination=self.destination)
-        self._open = True
-        self._closed = False
 
-    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
-        if self._closed or not self._open:
-            raise UsageError(f"memory transport {self.destination!r} is not open")
+    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
         b = self.broker(self.cfg.broker)
         b.sends += 1
         if self.cfg.latency:
@@ -182,12 +174,7 @@ class MemoryTransport(Transport):
         b.log.append(r)
         return Delivered()
 
-    async def close(self) -> None:
-        self._closed = True
-        self._open = False
-
-    async def check(self) -> str:
-        await self.open()
+    async def _check(self) -> str:
         return (
             f"in-process broker {self.cfg.broker!r} ({self.broker(self.cfg.broker).statistics()['messages']} messages)"
         )

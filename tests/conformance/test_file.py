@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
+from outrelay.conformance._binding import STRUCTURED
 from outrelay.transports.file import FileConfig, FileTransport
 
 
@@ -29,6 +30,7 @@ class TestFileConformance(ConformanceSuite):
             provision=provision,
             make_unreachable=unreachable,
             label="file (JSON Lines in tmp_path)",
+            binding=STRUCTURED,
             read_timeout=2.0,
             timeout=2.0,
         )

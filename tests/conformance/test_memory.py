@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from outrelay.conformance import ConformanceSuite, ConformanceTarget
+from outrelay.conformance import Binding, ConformanceSuite, ConformanceTarget
 from outrelay.transports.memory import MemoryConfig, MemoryTransport
 
 MAX_BYTES = 64 * 1024
@@ -31,6 +31,7 @@ class TestMemoryConformance(ConformanceSuite):
             ),
             make_unreachable=_unreachable,
             label="memory (in-process broker)",
+            binding=Binding("memory", prefix="ce-"),  # datacontenttype travels as Received.content_type
             read_timeout=2.0,
             timeout=2.0,
         )

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from outrelay import Event, Outbox, Relay, StoreLockedError, UsageError, parse_config
+from outrelay import Event, Outbox, Relay, StoreLockedError, UsageError, hookimpl, parse_config
 from outrelay.transports.memory import MemoryTransport
 
 FAST = {"initial_delay": 0.01, "max_delay": 0.05, "jitter": 0.0}
@@ -66,8 +66,18 @@ class TestDelivery:
         outbox = Outbox.open(cfg.outbox.url)
         outbox.append(events(10, 2))
         relay = Relay(outbox, cfg)
-        relay.hook.outrelay_batch_settled = lambda **_: seen.append(gc.get_threshold())  # type: ignore[method-assign]
-        await relay.run(drain=True)
+
+        class Probe:
+            @hookimpl
+            def outrelay_batch_settled(self) -> None:
+                seen.append(gc.get_threshold())
+
+        probe = Probe()
+        relay.registry.pm.register(probe)
+        try:
+            await relay.run(drain=True)
+        finally:
+            relay.registry.pm.unregister(probe)
         assert seen and all(t == ((threshold, *before[1:]) if threshold else before) for t in seen)
         assert gc.get_threshold() == before
 

@@ -79,6 +79,43 @@ class TestPublish:
         finally:
             await t.close()
 
+    async def test_binding_headers_datacontenttype_and_percent_encoding(
+        self, nats_url: str, stream: tuple[str, str]
+    ) -> None:
+        """Per the CloudEvents NATS binding the message carries ce-datacontenttype and percent-encoded
+        non-ASCII values (header-safe ASCII on the wire); the reader and the SDK's decoding give them back."""
+        from cloudevents.core.bindings.http import HTTPMessage, from_binary
+        from cloudevents.core.formats.json import JSONFormat
+
+        name, prefix = stream
+        t = NatsTransport(NatsConfig(servers=(nats_url,), subject=prefix + ".{type}", expected_stream=name))
+        await t.open()
+        try:
+            ev = Event(
+                type="order.created",
+                stream="Straße 7",
+                data={"n": 1},
+                tenant="café",
+                subject='Euro € "😀" 100%',
+                labels={"ort": "Zürich"},
+                metadata={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "k": "ü"},
+            )
+            async with t.reader(f"{prefix}.>") as r:
+                assert await t.send(_messages(t, [ev])) == [Delivered()]
+                (got,) = await r.read(1, 5)
+        finally:
+            await t.close()
+        assert got.headers["ce-datacontenttype"] == "application/json"
+        assert got.headers["ce-subject"] == "Euro%20%E2%82%AC%20%22%F0%9F%98%80%22%20100%25"
+        ce = {k: v for k, v in got.headers.items() if k.startswith("ce-")}
+        assert all(v.isascii() and " " not in v and '"' not in v for v in ce.values())
+        assert got.event == ev and got.key == "Straße 7"
+        # the SDK has no NATS binding; its HTTP one applies the same ce-* percent-decoding
+        sdk = from_binary(HTTPMessage(headers=ce, body=got.body), JSONFormat())
+        assert sdk.get_subject() == 'Euro € "😀" 100%' and sdk.get_datacontenttype() == "application/json"
+        assert sdk.get_attributes()["tenantid"] == "café" and sdk.get_attributes()["labels"] == '{"ort":"Zürich"}'
+        assert sdk.get_data() == {"n": 1}
+
     async def test_resend_is_reported_duplicate(self, nats_url: str, stream: tuple[str, str]) -> None:
         """A re-sent event id inside the duplicate window is acked as a duplicate and stored once."""
         name, prefix = stream

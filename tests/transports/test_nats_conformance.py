@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
+from outrelay.conformance._binding import NATS
 from outrelay.transports.nats._config import NatsConfig, StreamSpec
 from outrelay.transports.nats._transport import NatsTransport
 from tests.peers.nats import StreamFactory
@@ -37,11 +40,25 @@ class TestNatsConformance(ConformanceSuite):
                 destination="conformance",
             )
 
+        parts = urlsplit(nats_url)
         yield ConformanceTarget(
             make_transport=lambda subject: make(subject, (nats_url,)),
             provision=provision,
             make_unreachable=lambda subject: make(subject, (f"nats://127.0.0.1:{free_port()}",)),
             label="nats (real nats-server 2.9 with JetStream)",
             read_timeout=10.0,
+            upstream=lambda subject: (parts.hostname or "127.0.0.1", parts.port or 4222),
+            make_transport_via=lambda subject, host, port: make(subject, (f"nats://{host}:{port}",)),
+            binding=NATS,
         )
         await streams.delete_all()
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="defect (nats): after the link black-holes and the client gives up, a StreamWriter of the dropped "
+        "connection is never closed (ResourceWarning: unclosed StreamWriter, fd in state closing)",
+    )
+    def test_fault_black_hole_send(
+        self, conformance_target: ConformanceTarget, tmp_path: Path, request: pytest.FixtureRequest
+    ) -> None:
+        super().test_fault_black_hole_send(conformance_target, tmp_path, request)

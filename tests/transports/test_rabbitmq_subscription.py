@@ -9,6 +9,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from typing import Literal
 from urllib.parse import urlsplit
 
 import aio_pika
@@ -34,10 +35,19 @@ class Bus:
     factory: ExchangeFactory
 
     def subscribe(
-        self, group: str | None = None, url: str | None = None, shards: int = 16, **options: object
+        self,
+        group: str | None = None,
+        url: str | None = None,
+        shards: int = 16,
+        queue_type: Literal["classic", "quorum"] = "classic",
+        **options: object,
     ) -> SubscriptionBackend:
         cfg = RabbitMQConfig(
-            url=url or self.url, exchange=self.exchange, routing_key="ev.{stream}", group_shards=shards
+            url=url or self.url,
+            exchange=self.exchange,
+            routing_key="ev.{stream}",
+            group_shards=shards,
+            queue_type=queue_type,
         )
         base = group_queue(group, self.exchange) if group is not None else None
         if base is not None and base not in self.factory.exchanges:  # all deleted at teardown
@@ -183,16 +193,21 @@ class TestGroup:
 
     @SHARDS
     @pytest.mark.parametrize("how", ["stop", "crash"])
-    async def test_unacked_events_move_to_a_survivor_first(self, bus: Bus, how: str, shards: int) -> None:
+    @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+    async def test_unacked_events_move_to_a_survivor_first(
+        self, bus: Bus, how: str, shards: int, queue_type: Literal["classic", "quorum"]
+    ) -> None:
         """A member that stops or crashes with unacked events: a survivor gets them within claim_timeout,
-        before any later event of their streams, and nothing is lost."""
+        before any later event of their streams, and nothing is lost (classic and quorum group queues)."""
         group = new_group()
         parts = urlsplit(bus.url)
         proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672)
         await proxy.start()
         via_proxy = bus.url.replace(f"{parts.hostname}:{parts.port or 5672}", f"127.0.0.1:{proxy.port}")
-        first = bus.subscribe(group, url=via_proxy, shards=shards, member="first", prefetch=40, claim_timeout=3)
-        survivor = bus.subscribe(group, shards=shards, member="survivor", prefetch=500, claim_timeout=3)
+        first = bus.subscribe(group, url=via_proxy, shards=shards, queue_type=queue_type, member="first",
+                              prefetch=40, claim_timeout=3)  # fmt: skip
+        survivor = bus.subscribe(group, shards=shards, queue_type=queue_type, member="survivor", prefetch=500,
+                                 claim_timeout=3)  # fmt: skip
         try:
             await first.start()
             events = make_events(200, 10)

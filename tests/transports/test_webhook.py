@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from outrelay import Delivered, Event, PermanentError, Rejected, RetryableError, RetryLater, UsageError
+from outrelay import Delivered, Event, EventError, PermanentError, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core import cloudevents
 from outrelay.transports.webhook._transport import classify, parse_retry_after
 from outrelay.transports.webhook.receiver import WebhookReceiver, WebhookRequest
@@ -73,10 +73,34 @@ class TestFidelity:
         [req] = receiver.requests
         assert req.body == b"\x00\x01binary"
         assert req.headers["content-type"] == "application/octet-stream"
-        for name, value in cloudevents.binary_headers(ev).items():
+        for name, value in cloudevents.binary_headers(ev, percent=True).items():
             assert req.headers[name] == value
         assert req.headers["ce-specversion"] == "1.0" and req.headers["ce-id"] == ev.id
         assert req.event == ev
+
+    async def test_binary_mode_percent_encodes_non_ascii_for_the_cloudevents_sdk(
+        self, receiver: WebhookReceiver
+    ) -> None:
+        """Non-ASCII attribute values go out percent-encoded (HTTP binding 3.1.3.2); the CloudEvents SDK
+        and outrelay's receiver both decode them back exactly."""
+        from cloudevents.core.bindings.http import HTTPMessage, from_http
+        from cloudevents.core.formats.json import JSONFormat
+
+        ev = full_event().replace(
+            stream="Straße 7", tenant="café", subject='Euro € "😀" 100%', labels={"ort": "Zürich"}, data={"x": 1}
+        )
+        assert isinstance(await send_one(receiver.url, ev, mode="binary"), Delivered)
+        [req] = receiver.requests
+        ce_headers = {k: v for k, v in req.headers.items() if k.startswith("ce-")}
+        assert all(v.isascii() and " " not in v and '"' not in v for v in ce_headers.values())
+        assert req.headers["ce-subject"] == "Euro%20%E2%82%AC%20%22%F0%9F%98%80%22%20100%25"
+        assert req.event == ev
+        sdk = from_http(HTTPMessage(headers=req.headers, body=req.body), JSONFormat())
+        assert sdk.get_subject() == 'Euro € "😀" 100%'
+        assert sdk.get_attributes()["tenantid"] == "café"
+        assert sdk.get_attributes()["streamid"] == "Straße 7"
+        assert sdk.get_attributes()["labels"] == '{"ort":"Zürich"}'
+        assert sdk.get_id() == ev.id and sdk.get_data() == {"x": 1}
 
     async def test_extra_headers_and_template_url(self, receiver: WebhookReceiver) -> None:
         """Static extra headers are sent and the URL template is rendered per event."""
@@ -306,3 +330,19 @@ class TestLifecycle:
         with pytest.raises(ValidationError) as info2:
             make_transport("https://x", headers={"X-Token": "tok3n\n"})
         assert "sup3r" not in str(info.value) and "tok3n" not in str(info2.value)
+
+
+class TestHeaderPercentEncoding:
+    def test_decoding_accepts_quoted_and_lower_case_and_refuses_bad_utf8(self) -> None:
+        """Decoding unquotes a double-quoted value first, accepts lower-case hex, keeps a stray '%',
+        and refuses percent-encoded bytes that are not UTF-8 (an overlong space)."""
+        assert cloudevents.percent_decode('"a \\"b\\" %e2%82%ac"') == 'a "b" €'
+        assert cloudevents.percent_decode("50% off") == "50% off"
+        with pytest.raises(EventError, match="not percent-encoded UTF-8"):
+            cloudevents.percent_decode("%C0%A0")
+
+    def test_plain_ascii_values_are_sent_unchanged(self) -> None:
+        """Only values that need it are encoded: ids, times and types go out as they are."""
+        ev = event(stream="s-1")
+        plain = cloudevents.binary_headers(ev)
+        assert cloudevents.binary_headers(ev, percent=True) == plain

@@ -42,6 +42,7 @@ from outrelay.core.errors import StoreError
 from outrelay.core.stores.base import Store
 from outrelay.core.stores.lanes import PostgresLanesMixin
 from outrelay.core.stores.postgres_append import append_async, append_sync, map_append_error
+from outrelay.core.stores.postgres_audit import PostgresAuditMixin
 from outrelay.core.stores.postgres_history import HistoryMixin
 from outrelay.core.stores.postgres_ops import OperatorMixin
 from outrelay.core.stores.postgres_pool import ConnectionPool, Listener, parse_url, redact
@@ -56,7 +57,7 @@ Cursor = psycopg.Cursor[Any]
 _TRANSIENT = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure, psycopg.errors.LockNotAvailable)
 
 
-class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin, Store):
+class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin, PostgresAuditMixin, Store):
     """See the module docstring. Options (URL query or keyword): ``schema``,
     ``prefix``, ``pool_size`` (connections = relay store threads), ``notify``,
     ``migrate`` (create/upgrade tables on open; else only check the version).

@@ -18,6 +18,7 @@ from outrelay.core.stores.base import Claimed, Settlement
 if TYPE_CHECKING:
     import psycopg
 
+    from outrelay.core.audit import Chain
     from outrelay.core.stores.postgres_schema import Names
 
     Cursor = psycopg.Cursor[Any]
@@ -39,6 +40,17 @@ class RelayMixin:
         def _q(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> list[Any]: ...
         @staticmethod
         def _event(seq: int, attrs: Any, data: bytes) -> Event: ...
+
+        # the audit chain (outrelay.core.stores.postgres_audit)
+        audit: Chain | None
+
+        def _audit_unrouted(self, cur: Cursor, limit: int) -> list[tuple[int, str]]: ...
+        def _audit_routed(self, cur: Cursor, routed: Sequence[tuple[int, str]], at: float) -> None: ...
+        def _audit_settle_read(self, cur: Cursor, settlements: Sequence[Settlement]) -> dict[int, tuple[int, str]]: ...
+        def _audit_settled(
+            self, cur: Cursor, destination: str, settlements: Sequence[Settlement],
+            found: dict[int, tuple[int, str]], at: float,
+        ) -> None: ...  # fmt: skip
 
     def acquire_relay(self, owner: str) -> None:
         """Register the relay (several may run; nothing is locked exclusively)."""
@@ -63,17 +75,24 @@ class RelayMixin:
             cur.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", (n.route_key,))
             if not cur.fetchone()[0]:  # type: ignore[index]
                 return 0  # another relay is routing; it keeps the order
+            # with the audit chain on, route exactly the events it records
+            audited = self._audit_unrouted(cur, limit) if self.audit is not None else None
+            only = None if audited is None else [a[0] for a in audited]
             if static is not None:
-                count = self._route_static(cur, list(static), limit, now)
+                count = self._route_static(cur, list(static), limit, now, only)
             else:
-                count = self._route_decoding(cur, router, limit, now)
+                count = self._route_decoding(cur, router, limit, now, only)
             if count and self.notify:
                 cur.execute("SELECT pg_notify(%s, 'routed')", (n.channel,))
+            if audited:
+                self._audit_routed(cur, audited, now)
             return count
 
         return self._run(fn, relaxed=True)
 
-    def _route_static(self, cur: Cursor, dests: list[str], limit: int, now: float) -> int:
+    def _route_static(
+        self, cur: Cursor, dests: list[str], limit: int, now: float, only: list[int] | None = None
+    ) -> int:
         """Every event to every destination: no event row reaches Python.
 
         One statement marks the events routed and inserts their deliveries
@@ -82,22 +101,23 @@ class RelayMixin:
         everywhere else. Lanes are locked last, for the shortest time: a
         locked lane is skipped by claims and blocks settles."""
         n = self.n
+        pick = "NOT routed" if only is None else "NOT routed AND seq = ANY(%(only)s)"
         if not dests:  # routed nowhere: only marked
             cur.execute(
                 f"UPDATE {n.events} SET routed = true WHERE seq IN "
-                f"(SELECT seq FROM {n.events} WHERE NOT routed ORDER BY seq LIMIT %s)",
-                (limit,),
+                f"(SELECT seq FROM {n.events} WHERE {pick} ORDER BY seq LIMIT %(lim)s)",
+                {"lim": limit, "only": only},
             )
             return cur.rowcount
         cur.execute(
-            f"WITH sel AS MATERIALIZED (SELECT seq, stream FROM {n.events} WHERE NOT routed "
+            f"WITH sel AS MATERIALIZED (SELECT seq, stream FROM {n.events} WHERE {pick} "
             "  ORDER BY seq LIMIT %(lim)s), "
             f"upd AS (UPDATE {n.events} e SET routed = true FROM sel WHERE e.seq = sel.seq), "
             "fan AS MATERIALIZED (SELECT u.d, sel.stream, sel.seq FROM sel CROSS JOIN unnest(%(dests)s::text[]) u(d)), "
             f"ins AS (INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "
             "  SELECT d, stream, seq, %(now)s FROM fan ORDER BY d, seq) "
             "SELECT (SELECT count(*) FROM sel), d, stream, count(*) FROM fan GROUP BY d, stream ORDER BY d, stream",
-            {"lim": limit, "dests": dests, "now": now},
+            {"lim": limit, "dests": dests, "now": now, "only": only},
         )
         rows = cur.fetchall()
         if not rows:
@@ -116,10 +136,22 @@ class RelayMixin:
             (now, dests, streams, counts),
         )
 
-    def _route_decoding(self, cur: Cursor, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
-        """Route events one by one through ``router`` (content-based routes)."""
+    def _route_decoding(
+        self,
+        cur: Cursor,
+        router: Callable[[Event], Sequence[str]],
+        limit: int,
+        now: float,
+        only: list[int] | None = None,
+    ) -> int:
+        """Route events one by one through ``router`` (content-based routes); only
+        the sequences ``only``, when given."""
         n = self.n
-        cur.execute(f"SELECT seq, stream, attrs, data FROM {n.events} WHERE NOT routed ORDER BY seq LIMIT %s", (limit,))
+        pick = "NOT routed" if only is None else "NOT routed AND seq = ANY(%(only)s)"
+        cur.execute(
+            f"SELECT seq, stream, attrs, data FROM {n.events} WHERE {pick} ORDER BY seq LIMIT %(lim)s",
+            {"lim": limit, "only": only},
+        )
         rows = cur.fetchall()
         if not rows:
             return 0
@@ -184,7 +216,10 @@ class RelayMixin:
             decode = Event.from_attributes
             return [Claimed(d_id, decode(attrs, data, seq), att, first) for d_id, att, first, seq, attrs, data in cur]
 
-        return self._run(fn, relaxed=True)
+        claimed = self._run(fn, relaxed=True)
+        if self.audit is not None:  # settling then describes the batch without reading it again
+            self.audit.remember(claimed)
+        return claimed
 
     def renew_leases(self, owner: str, lease_seconds: float, now: float) -> int:
         def fn(cur: Cursor) -> int:
@@ -245,7 +280,11 @@ class RelayMixin:
                 return
             if slow:
                 self._record(cur, destination, [s for s in slow if s.stream in set(owned)], now)
+            mine = [s for s in settlements if s.stream in set(owned)] if self.audit is not None else []
+            found = self._audit_settle_read(cur, mine) if mine else {}
             cur.execute(finish, {**args, "owned": owned})
+            if found:  # last: the audit lock is held only while this transaction commits
+                self._audit_settled(cur, destination, mine, found, now)
 
         self._run(fn, relaxed=True)
 

@@ -105,6 +105,22 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             )""",
         ),
     ),
+    (
+        "audit chain",
+        (
+            """CREATE TABLE {schema}."{p}audit" (
+                seq bigint PRIMARY KEY,
+                at double precision NOT NULL,
+                kind text NOT NULL,
+                actor text NOT NULL,
+                details text NOT NULL,
+                prev_hash text NOT NULL,
+                hash text NOT NULL,
+                mac text
+            )""",
+            'CREATE INDEX "{p}audit_kind" ON {schema}."{p}audit" (kind, seq)',
+        ),
+    ),
 )
 
 
@@ -128,6 +144,7 @@ class Names:
             "relays",
             "snapshots",
             "migrations",
+            "audit",
         ):
             setattr(self, table, f'"{schema}"."{prefix}{table}"')
         #: the NOTIFY channel appends and routing signal on
@@ -135,6 +152,7 @@ class Names:
         #: advisory-lock keys (hashed in SQL with hashtext)
         self.route_key = f"outrelay route {schema}.{prefix}"
         self.migrate_key = f"outrelay migrate {schema}.{prefix}"
+        self.audit_key = f"outrelay audit {schema}.{prefix}"
 
     events: str
     deliveries: str
@@ -144,6 +162,7 @@ class Names:
     relays: str
     snapshots: str
     migrations: str
+    audit: str
 
     def fill(self, stmt: str) -> str:
         return stmt.replace("{schema}", self.schema).replace("{p}", self.prefix)

@@ -25,6 +25,7 @@ from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError, StoreError, StoreLockedError
 from outrelay.core.stores.base import Claimed, Settlement, Store
 from outrelay.core.stores.lanes import SQLiteLanesMixin
+from outrelay.core.stores.sqlite_audit import SQLiteAuditMixin
 from outrelay.core.stores.sqlite_history import SQLiteHistoryMixin
 from outrelay.core.stores.sqlite_ops import SQLiteOperatorMixin
 from outrelay.core.stores.sqlite_schema import MIGRATIONS
@@ -68,7 +69,7 @@ def _busy(db: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> sqlite3
             delay = min(delay * 1.5, 0.005)
 
 
-class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, Store):
+class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, SQLiteAuditMixin, Store):
     """See the module docstring. Thread-safe: one connection, one lock."""
 
     max_workers = 1
@@ -270,6 +271,8 @@ class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, Sto
                 for dest in router(self._event(seq, attrs, data)):
                     deliveries.append((dest, stream, seq, now))
                     lanes[(dest, stream)] = lanes.get((dest, stream), 0) + 1
+            if self.audit is not None:
+                self._audit_routed(db, cursor, rows[-1][0], now)
             db.executemany(
                 "INSERT INTO outrelay_deliveries (destination, stream, event_seq, created_at) VALUES (?, ?, ?, ?)",
                 deliveries,
@@ -302,6 +305,8 @@ class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, Sto
                 "ON CONFLICT (destination, stream) DO UPDATE SET pending = pending + excluded.pending",
                 (dest, now, cursor, last),
             )
+        if self.audit is not None:
+            self._audit_routed(db, cursor, int(last), now)
         self._set_cursor(db, int(last))
         return int(count)
 
@@ -358,10 +363,13 @@ class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, Sto
             )
             data = self._data(db, [p[3] for p in picked])
         decode, loads = Event.from_attributes, orjson.loads
-        return [
+        claimed = [
             Claimed(d_id, decode(loads(attrs), data[seq], seq), attempts, first)
             for d_id, attempts, first, seq, attrs in picked
         ]
+        if self.audit is not None:  # settling then describes the batch without reading it again
+            self.audit.remember(claimed)
+        return claimed
 
     @staticmethod
     def _data(db: sqlite3.Connection, seqs: list[int]) -> dict[int, bytes]:
@@ -385,6 +393,8 @@ class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, Sto
         undelivered: set[str] = set()  # streams with a settlement other than delivered so far
         scattered: set[str] = set()  # streams with a delivered row after an undelivered one
         with self._tx(relaxed=True) as db:
+            if self.audit is not None:  # in this transaction, before the deliveries go
+                self._audit_settled(db, destination, settlements, now)
             for s in settlements:
                 due, parked, removed = lanes.get(s.stream, (now, False, 0))
                 if s.kind == "delivered":

@@ -84,4 +84,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (name, stream)
         )""",
     ),
+    # 5: the audit chain (outrelay.core.audit); written only with [audit] enabled = true
+    (
+        """CREATE TABLE outrelay_audit (
+            seq INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            details TEXT NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL,
+            mac TEXT
+        )""",
+        "CREATE INDEX outrelay_audit_kind ON outrelay_audit (kind, seq)",
+    ),
 )

@@ -7,6 +7,7 @@
     servers = ["nats://127.0.0.1:4222"]
     subject = "events.{category}.{stream}"    # a Template
     expected_stream = "EVENTS"                 # optional: Nats-Expected-Stream
+    order_guard = "auto"                       # "last-msg-id" | "off": see _chain.py
     # credentials: at most one of credentials_file / nkey_seed_file / token / user+password
     credentials_file = "/etc/nats/relay.creds"
     [destinations.bus.create_stream]           # dev only: create the stream at open
@@ -67,6 +68,14 @@ class NatsConfig(TransportConfig):
         description="publish a stream's events of one batch back to back (one ordered connection) instead of "
         "waiting for each ack; false = strictly one unacked message per stream",
     )
+    order_guard: Literal["auto", "last-msg-id", "off"] = Field(
+        "auto",
+        description="chain every message to the previous one with Nats-Expected-Last-Msg-Id so the server "
+        "stores nothing past a lost or refused message (pipelined order through stream leader changes and "
+        "discard=new refusals); auto: on when pipelining into a known stream (expected_stream, create_stream or "
+        "a static subject) that is replicated or discards new messages; needs this destination to be the "
+        "stream's only publisher",
+    )
     connect_timeout: float = Field(2.0, gt=0, le=60)
     reconnect_time_wait: float = Field(0.5, ge=0, le=60)
     max_message_bytes: int = Field(1_000_000, ge=1, description="data bytes; headers use the rest of max_payload")
@@ -111,6 +120,10 @@ class NatsConfig(TransportConfig):
             raise ValueError("password needs user")
         if not self.servers:
             raise ValueError("servers must name at least one nats:// URL")
+        if self.order_guard == "last-msg-id" and not (self.expected_stream or self.create_stream):
+            raise ValueError(
+                'order_guard = "last-msg-id" needs the stream it guards: set expected_stream (or create_stream)'
+            )
         return self
 
     def __repr_args__(self) -> Any:

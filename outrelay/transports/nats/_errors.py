@@ -27,7 +27,11 @@ _PERMANENT_CODES = {
     10054: "the message is larger than the stream's max_msg_size",
 }
 # Resource limits that may clear (consumers ack, retention removes old messages).
-_RETRYABLE_CODES = {10077: "the stream is full (max_msgs/max_bytes with discard=new)"}
+_RETRYABLE_CODES = {
+    10077: "the stream is full (max_msgs/max_bytes with discard=new)",
+    10070: "order guard: an earlier message to this stream was not stored (lost in a stream leader change, "
+    "refused, or another publisher wrote in between), so this one was held back; retried in order",
+}
 
 
 def is_auth_error(exc: BaseException) -> bool:

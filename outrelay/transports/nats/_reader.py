@@ -5,7 +5,8 @@ messages stored after :meth:`NatsReader.start` (deliver policy ``new``);
 ``reader(subject, durable="name")`` binds a durable consumer that resumes
 where it left off; ``deliver="all"`` reads the stream's history too.
 Messages are acked as they are read. Each is rebuilt into an
-:class:`~outrelay.Event` from its ``ce-*`` headers and ``Content-Type``.
+:class:`~outrelay.Event` from its ``ce-*`` headers (percent-decoded, as the
+NATS binding asks; ``ce-datacontenttype``, else ``Content-Type``, is the data's type).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def decode(msg: Msg) -> Received:
     """
     headers = dict(msg.headers or {})
     ctype = headers.get("Content-Type")
-    event = cloudevents.from_binary(headers, msg.data, content_type=ctype)
-    return Received(event, msg.subject, headers.get("ce-partitionkey"), headers, bytes(msg.data), ctype)
+    event = cloudevents.from_binary(headers, msg.data, content_type=ctype, percent=True)
+    return Received(event, msg.subject, event.stream, headers, bytes(msg.data), ctype)
 
 
 class NatsReader(Reader):

@@ -4,7 +4,10 @@ Each event becomes one JetStream message on ``subject`` (a Template) with
 
 * ``Nats-Msg-Id`` = event id, so the stream's duplicate window drops a
   re-send; the ack's ``duplicate`` flag is reported as ``Delivered(duplicate=True)``;
-* the CloudEvents binary headers (``ce-*``) and ``Content-Type``;
+* the CloudEvents binary headers of the NATS binding: every attribute as a
+  ``ce-*`` header, ``ce-datacontenttype`` included, values percent-encoded
+  (non-ASCII, space, ``"``, ``%``); ``Content-Type`` repeats the data's type
+  for consumers that read it;
 * ``Nats-Expected-Stream`` when ``expected_stream`` is set.
 
 Publishing is pipelined on one connection, acks awaited together, through
@@ -25,8 +28,13 @@ wildcard subject) stops the later messages of its stream in the batch
 (reported RetryLater, not sent). The one case left is the server refusing
 message *k* of a stream while accepting *k+1* already on the wire (in a
 cluster, a stream leader change between the two; with ``discard=new``
-limits, room appearing between them): both outcomes are reported as they
-are, and the break in order is logged as a warning. ``pipeline = false``
+limits, room appearing between them). The order guard (``order_guard``,
+:mod:`~outrelay.transports.nats._chain`; on by default for replicated and
+``discard=new`` streams) closes it: each message carries
+``Nats-Expected-Last-Msg-Id`` = the previous one's id, so the server refuses
+*k+1* when *k* was not stored (RetryLater, retried in order). Unguarded,
+both outcomes are reported as they are and the break in order is logged
+as a warning. ``pipeline = false``
 waits for each ack before publishing the stream's next message (then even
 that case cannot reorder), at the cost of one round trip per message per
 stream.
@@ -69,6 +77,7 @@ from outrelay.core.transport import (
     send_pipelined,
 )
 from outrelay.transports.nats._acks import AckMux
+from outrelay.transports.nats._chain import WRONG_LAST_MSG_ID, Chain, server_last_id
 from outrelay.transports.nats._config import NatsConfig, StreamSpec, mask_url
 from outrelay.transports.nats._errors import classify, is_auth_error, mapped, result_for
 
@@ -173,6 +182,8 @@ class NatsTransport(Transport):
         self._max_bytes = config.max_message_bytes
         spec = config.create_stream
         self._dedupe_window: float | None = spec.duplicate_window if spec else None
+        self._chain: Chain | None = None  # the order guard (see _chain.py), decided at open
+        self._inflight: dict[str, tuple[int, asyncio.Future[dict[str, Any]]]] = {}  # guarded, by msg id
 
     @property
     def capabilities(self) -> Capabilities:
@@ -235,17 +246,24 @@ class NatsTransport(Transport):
                 await js.add_stream(config)
 
     async def _read_stream_info(self, js: JetStreamContext) -> None:
-        """Learn the duplicate window of the stream we publish to, when it is knowable."""
+        """Learn the duplicate window of the stream we publish to, when it is knowable, and
+        decide the order guard (``order_guard``; a new chain on every open)."""
         name = self.cfg.expected_stream or (self.cfg.create_stream.name if self.cfg.create_stream else None)
+        guard = self.cfg.order_guard == "last-msg-id"
         try:
             if name is None and self._template.is_static:
                 name = await js.find_stream_name_by_subject(self.cfg.subject)
             if name is not None:
                 info = await js.stream_info(name)
                 self._dedupe_window = info.config.duplicate_window or None
+                replicated = (info.config.num_replicas or 1) > 1
+                refuses = info.config.discard == nats.js.api.DiscardPolicy.NEW
+                guard = guard or (self.cfg.order_guard == "auto" and self.cfg.pipeline and (replicated or refuses))
         except (TimeoutError, nats.errors.Error) as exc:
             # not fatal: publishing reports a missing stream per message
             log.debug("destination %s: no stream info: %s", self.destination, classify(exc)[1])
+        self._chain = Chain(name) if guard and name is not None else None
+        self._inflight.clear()
 
     async def close(self) -> None:
         nc, self._nc, self._acks = self._nc, None, None
@@ -287,7 +305,7 @@ class NatsTransport(Transport):
             if not isinstance(prepared, dict):
                 return prepared
             try:
-                return await acks.publish(m.target, m.event.data, prepared)
+                return await self._write(acks, m, prepared)
             except (nats.errors.Error, OSError) as exc:
                 return result_for(exc, m.target)
 
@@ -310,7 +328,8 @@ class NatsTransport(Transport):
             return Rejected(f"invalid subject {m.target!r}: a message cannot be published to a wildcard or empty token")
         if _WHITESPACE.search(m.target):  # on the wire it would split the HPUB line (protocol injection)
             return Rejected(f"invalid subject {m.target!r}: NATS subjects cannot contain whitespace")
-        headers = cloudevents.binary_headers(m.event)
+        # the NATS binding: every attribute a ce-* header (ce-datacontenttype too), values percent-encoded
+        headers = cloudevents.binary_headers(m.event, content_type=True, percent=True)
         headers["Nats-Msg-Id"] = m.event.id
         if m.event.content_type:
             headers["Content-Type"] = m.event.content_type
@@ -318,13 +337,85 @@ class NatsTransport(Transport):
             headers["Nats-Expected-Stream"] = self.cfg.expected_stream
         return headers
 
+    async def _write(self, acks: AckMux, m: Message, headers: dict[str, str]) -> asyncio.Future[dict[str, Any]]:
+        """Publish ``m``; with the order guard, as the next link of the chain (see ``_chain.py``).
+
+        :raises nats.errors.Error: the connection cannot take the message now (then it is no link).
+        """
+        chain = self._chain
+        if chain is None:
+            return await acks.publish(m.target, m.event.data, headers)
+        msg_id = m.event.id
+        headers["Nats-Expected-Stream"] = chain.stream  # a subject of another stream: refused, not a broken chain
+        previous, generation = chain.link(msg_id)  # no await between linking and writing
+        if previous is not None:
+            headers["Nats-Expected-Last-Msg-Id"] = previous
+        try:
+            future = await acks.publish(m.target, m.event.data, headers)
+        except BaseException:
+            chain.unlink(msg_id, previous, generation)
+            raise
+        self._inflight[msg_id] = (generation, future)
+        future.add_done_callback(lambda f: self._on_guarded_ack(chain, generation, msg_id, f))
+        return future
+
+    def _on_guarded_ack(
+        self, chain: Chain, generation: int, msg_id: str, future: asyncio.Future[dict[str, Any]]
+    ) -> None:
+        """A chained message's outcome: on a refusal for a broken chain, restart it from the
+        server's last id and fail at once the earlier messages the refusal proves lost."""
+        try:
+            if future.cancelled() or not isinstance(future.exception(), nats.js.errors.APIError):
+                return
+            error = future.exception()
+            assert isinstance(error, nats.js.errors.APIError)
+            last = server_last_id(error.description) if error.err_code == WRONG_LAST_MSG_ID else None
+            if last is None or not chain.broken(generation, last):
+                return
+            lost = self._lost_before(generation, msg_id, last)
+            log.info(
+                "destination %s: stream %s refused event %s: its last stored message is %s, not the previous one "
+                "sent (%d earlier messages lost, e.g. in a leader change); the order guard holds back what followed, "
+                "and the relay retries it in order",
+                self.destination,
+                chain.stream,
+                msg_id,
+                last or "(none)",
+                lost,
+            )
+        finally:
+            entry = self._inflight.get(msg_id)
+            if entry is not None and entry[1] is future:
+                del self._inflight[msg_id]
+
+    def _lost_before(self, generation: int, msg_id: str, last: str) -> int:
+        """Fail the messages written after ``last`` and before ``msg_id`` that still wait for an ack:
+        the stream applied ``msg_id`` right after ``last``, so it will never store them (their
+        chain is broken). Returns how many."""
+        ids = list(self._inflight)
+        end = ids.index(msg_id) if msg_id in ids else 0
+        begin = ids.index(last) + 1 if last in ids[:end] else 0
+        lost = 0
+        for mid in ids[begin:end]:
+            gen, pending = self._inflight[mid]
+            if gen == generation and not pending.done():
+                pending.set_exception(
+                    nats.js.errors.APIError(
+                        code=503,
+                        description=f"not stored: the stream applied a later message after {last or 'none'} "
+                        "(stream leader change?)",
+                    )
+                )
+                lost += 1
+        return lost
+
     async def _publish_one(self, acks: AckMux, m: Message) -> SendResult:
         prepared = self._prepare(m)
         if not isinstance(prepared, dict):
             return prepared
         try:
             async with asyncio.timeout(self.cfg.ack_timeout):
-                ack = await (await acks.publish(m.target, m.event.data, prepared))
+                ack = await (await self._write(acks, m, prepared))
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             return result_for(exc, m.target)
         return Delivered(duplicate=bool(ack.get("duplicate")))

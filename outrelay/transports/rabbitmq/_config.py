@@ -89,6 +89,12 @@ class RabbitMQConfig(TransportConfig):
         description="subscriptions: shard queues per consumer group, spread over its members (needs the "
         "rabbitmq_consistent_hash_exchange plugin); 1 = one single-active-consumer queue (no plugin, no load sharing)",
     )
+    queue_type: Literal["classic", "quorum"] = Field(
+        "classic",
+        description="subscriptions: the type of a consumer group's queues (shards, or the single-active-consumer "
+        "queue); quorum = replicated raft queues (x-queue-type quorum), consumed by one member at a time like the "
+        "classic ones; an existing group keeps the type it was declared with",
+    )
     max_message_bytes: int = Field(8 * 1024 * 1024, ge=1, le=512 * 1024 * 1024)
     tls: bool = False
     tls_ca_file: str | None = None

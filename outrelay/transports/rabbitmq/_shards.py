@@ -49,24 +49,37 @@ import zlib
 
 import aio_pika.abc
 import aiormq.exceptions
+from aiormq.abc import FieldValue
 
 from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS
 from outrelay.transports.rabbitmq._lanes import Lane, Link
 
-__all__ = ["HASH_HEADER", "Balancer", "declare_shards"]
+__all__ = ["HASH_HEADER", "Balancer", "declare_shards", "queue_arguments"]
 
 log = logging.getLogger("outrelay.transports.rabbitmq")
 HASH_HEADER = "cloudEvents_partitionkey"
 
 
-async def declare_shards(channel: aio_pika.abc.AbstractChannel, base: str, exchange: str, key: str, n: int) -> None:
-    """Declare and bind the hash exchange, the ``n`` shard queues and the members queue (idempotent)."""
+def queue_arguments(queue_type: str) -> dict[str, FieldValue]:
+    """The ``x-`` arguments of a group's message queues: none for classic ones; a quorum queue is
+    declared ``x-queue-type = quorum`` with ``x-single-active-consumer`` (one member at a time even
+    without exclusive consume)."""
+    if queue_type == "quorum":
+        return {"x-queue-type": "quorum", "x-single-active-consumer": True}
+    return {}
+
+
+async def declare_shards(
+    channel: aio_pika.abc.AbstractChannel, base: str, exchange: str, key: str, n: int, queue_type: str = "classic"
+) -> None:
+    """Declare and bind the hash exchange, the ``n`` shard queues (``queue_type``) and the members
+    queue (idempotent; PRECONDITION_FAILED when they exist with other arguments)."""
     hashing = await channel.declare_exchange(
         base, "x-consistent-hash", durable=True, arguments={"hash-header": HASH_HEADER}
     )
     await hashing.bind(exchange, key)
     for i in range(n):
-        queue = await channel.declare_queue(f"{base}.{i}", durable=True)
+        queue = await channel.declare_queue(f"{base}.{i}", durable=True, arguments=queue_arguments(queue_type))
         await queue.bind(hashing, "1")
     await channel.declare_queue(f"{base}.members", durable=True)
 

@@ -32,7 +32,8 @@ A member that stops or dies. ``stop`` closes the member's connection; a
 crashed process's socket is closed by its kernel; a silent peer (network cut,
 frozen process) is dropped by the broker after the heartbeat, set to
 ``spec.claim_timeout`` (at least 2 s). The broker then puts its unacked
-messages back *at their place* in their (classic) queue, and the next member
+messages back *at their place* in their queue (a quorum queue, ``queue_type =
+"quorum"``, hands returned messages out again before newer ones), and the next member
 (the next single active consumer, or whoever claims the shard at its next
 balancing tick, at most ``min(1 s, claim_timeout / 3)`` later) receives them
 before anything later of their streams. Redeliveries carry
@@ -78,7 +79,7 @@ from outrelay.transports.rabbitmq._config import RabbitMQConfig
 from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, classify, scrub
 from outrelay.transports.rabbitmq._lanes import LOST, Lane, Link
 from outrelay.transports.rabbitmq._reader import decode
-from outrelay.transports.rabbitmq._shards import Balancer, declare_shards
+from outrelay.transports.rabbitmq._shards import Balancer, declare_shards, queue_arguments
 
 __all__ = ["RabbitMQSubscription", "group_queue"]
 
@@ -147,16 +148,16 @@ class RabbitMQSubscription(SubscriptionBackend):
                 if self.cfg.declare_exchange:
                     await link.control.declare_exchange(self.exchange, self.cfg.exchange_type, durable=True)
                 if self.shards > 1:
-                    await declare_shards(link.control, self.queue, self.exchange, self.binding_key, self.shards)
+                    await declare_shards(link.control, self.queue, self.exchange, self.binding_key, self.shards,
+                                         self.cfg.queue_type)  # fmt: skip
                     balancer = Balancer(link, self.queue, self.shards, self.spec.member, self._prefetch,
                                         self.spec.claim_timeout)  # fmt: skip
                     await balancer.join()
                     self._balancer = balancer
                 else:
                     if self.queue:
-                        queue = await link.control.declare_queue(
-                            self.queue, durable=True, arguments={"x-single-active-consumer": True}
-                        )
+                        arguments = {"x-single-active-consumer": True, **queue_arguments(self.cfg.queue_type)}
+                        queue = await link.control.declare_queue(self.queue, durable=True, arguments=arguments)
                     else:
                         queue = await link.control.declare_queue(exclusive=True, auto_delete=True)
                     await queue.bind(self.exchange, self.binding_key)

@@ -29,14 +29,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 from redis import exceptions as rx
 
 from outrelay.core import cloudevents
 from outrelay.core.transport import Delivered, Message, RetryLater, SendResult
+from outrelay.transports.redis._client import Client
 from outrelay.transports.redis._errors import reply_result, result_for
 
-__all__ = ["HELD", "XADD_SCRIPT", "Entry", "pack_chunk", "send_pipelined", "send_scripted"]
+__all__ = ["HELD", "XADD_SCRIPT", "Entry", "pack_chunk", "script_outcomes", "send_pipelined", "send_scripted"]
 
 HELD = "held back: an earlier event of this stream failed in this batch"
 
@@ -169,9 +169,15 @@ async def send_scripted(
     """Append ``messages`` through :data:`XADD_SCRIPT` in one call (see :func:`pack_chunk` for the
     options); errors of the call itself propagate."""
     keys, header, data = pack_chunk(messages, mode=mode, producer_id=producer_id, head=head)
-    reply = await script(keys=keys, args=[header, data])
+    return script_outcomes(await script(keys=keys, args=[header, data]), len(messages))
+
+
+def script_outcomes(reply: Any, n: int) -> list[SendResult]:
+    """The outcomes of the ``n`` entries of one :data:`XADD_SCRIPT` call from its reply.
+
+    :raises RedisError: (retryable) the reply does not hold ``n`` outcomes.
+    """
     status = reply[0] if isinstance(reply[0], bytes) else str(reply[0]).encode()
-    n = len(messages)
     if len(status) != n:
         raise rx.RedisError(f"the XADD script answered {len(status)} outcomes for {n} entries")  # retryable
     if len(reply) == 1 and status == b"O" * n:
@@ -189,7 +195,7 @@ async def send_scripted(
     return out
 
 
-async def send_pipelined(client: aioredis.Redis, entries: Sequence[Entry]) -> list[SendResult]:
+async def send_pipelined(client: Client, entries: Sequence[Entry]) -> list[SendResult]:
     """Pipelined waves (see the module docstring); errors of a whole round trip propagate."""
     results: list[SendResult | None] = [None] * len(entries)
     waves: list[list[int]] = []

@@ -10,13 +10,17 @@ Example::
     stream = "events:{category}"               # a Template: {type} {category} {stream} {tenant} ...
     maxlen = 1000000                           # XADD MAXLEN ~ (approximate trimming)
 
-Redis Cluster: one Redis stream lives in one hash slot, so per-stream order
-holds whatever the key. To keep related keys in one slot, use a hash tag —
-the part of the key between ``{`` and ``}``. Template braces are
-placeholders, so write a literal brace doubled: ``"events:{{{stream}}}"``
-renders ``events:{order-42}`` (hash tag = the event's stream), and
-``"{{events}}:{category}"`` renders ``{events}:order`` (every key in the slot
-of ``events``).
+Redis Cluster: set ``cluster = true`` and point ``url`` at any node (a
+seed: the client discovers the others). One Redis stream lives in one hash
+slot, so per-stream order holds whatever the key; keys spread over the
+slots, and the relay sends each slot's events in one script call. To keep
+related keys in one slot, use a hash tag — the part of the key between
+``{`` and ``}``. Template braces are placeholders, so write a literal brace
+doubled: ``"events:{{{stream}}}"`` renders ``events:{order-42}`` (hash tag =
+the event's stream), and ``"{{events}}:{category}"`` renders
+``{events}:order`` (every key in the slot of ``events``). A cluster node
+under ``cluster = false``, or a standalone server under ``cluster = true``,
+fails ``open``/``check`` with a PermanentError naming the fix.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from outrelay.core.templates import Template
 from outrelay.core.transport import TransportConfig
@@ -46,6 +50,7 @@ class RedisConfig(TransportConfig):
     """
 
     url: str = "redis://127.0.0.1:6379/0"
+    cluster: bool = Field(False, description="Redis Cluster: `url` is a seed node, keys are spread over slots")
     stream: str = "outrelay:events"
     mode: Literal["binary", "structured"] = "binary"
     maxlen: int | None = Field(None, ge=1, description="trim with XADD MAXLEN ~ maxlen")
@@ -73,6 +78,16 @@ class RedisConfig(TransportConfig):
             # the URL ends up in logs and error messages: keep the secret out of it
             raise ValueError('put the password in `password` (e.g. password = "${REDIS_PASSWORD}"), not in the url')
         return v
+
+    @model_validator(mode="after")
+    def _cluster_url(self) -> RedisConfig:
+        if self.cluster:
+            parts = urlsplit(self.url)
+            if parts.scheme == "unix":
+                raise ValueError("cluster = true needs a redis:// or rediss:// url (a node's host:port), not unix://")
+            if parts.path.strip("/") not in ("", "0"):
+                raise ValueError(f"Redis Cluster has only database 0: drop {parts.path!r} from the url")
+        return self
 
     @field_validator("stream")
     @classmethod

@@ -30,8 +30,11 @@ structured mode — what the reader decodes as ``event.stream``. An entry
 without one (a foreign message) is not gated.
 
 The scripts touch keys derived from the stream key that they do not declare,
-which a standalone server allows; on a cluster the gate keys share the stream
-key's slot only when the stream key carries a hash tag (``events:{orders}``).
+which a server allows as long as they are in the declared key's slot. On a
+cluster :func:`gate_prefix` makes sure of that: a key with a hash tag
+(``events:{orders}``) passes it on to ``events:{orders}:gate:...``, a key
+without one is wrapped whole in braces (``{events}:gate:...``, whose tag is
+the key itself). Standalone keeps the plain prefix.
 """
 
 from __future__ import annotations
@@ -152,9 +155,27 @@ return n
 """
 
 
-def gate_prefix(key: str, group: str) -> str:
-    """Prefix of the gate lists of ``group`` on ``key`` (the group's length keeps names unambiguous)."""
+def gate_prefix(key: str, group: str, *, cluster: bool = False) -> str:
+    """Prefix of the gate lists of ``group`` on ``key`` (the group's length keeps names unambiguous);
+    on a ``cluster`` the lists hash to ``key``'s slot (see the module docstring).
+
+    :raises ValueError: ``cluster`` and ``key`` has no hash tag but holds a ``}``, so no prefix can
+        share its slot.
+    """
+    if cluster and not _has_hash_tag(key):
+        if "}" in key:
+            raise ValueError(
+                f"stream key {key!r} has no hash tag and contains '}}': the consumer group's gate lists cannot "
+                "share its cluster slot; give the key a hash tag (e.g. 'events:{orders}')"
+            )
+        return f"{{{key}}}:gate:{len(group)}:{group}:"
     return f"{key}:gate:{len(group)}:{group}:"
+
+
+def _has_hash_tag(key: str) -> bool:
+    """Redis Cluster's rule: a non-empty part between the first ``{`` and the next ``}`` is hashed alone."""
+    start = key.find("{")
+    return start >= 0 and key.find("}", start + 1) > start + 1
 
 
 def id_order(entry_id: str) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from redis import exceptions as rx
 
-from outrelay.core.errors import TransportError
+from outrelay.core.errors import PermanentError, TransportError
 from outrelay.core.subscription import Inbound, SubscriptionSpec
 from outrelay.transports.redis import _gate
 from outrelay.transports.redis._config import RedisConfig
@@ -42,7 +42,10 @@ class RedisGroup(RedisSubscriber):
         assert spec.group is not None
         self.group: str = spec.group
         self.member = spec.member
-        self._prefix = _gate.gate_prefix(key, self.group)
+        try:
+            self._prefix = _gate.gate_prefix(key, self.group, cluster=cfg.cluster)
+        except ValueError as exc:
+            raise PermanentError(str(exc), destination=destination) from None
         self._held: dict[str, list[tuple[str, Inbound]]] = {}  # event stream -> waiting entries, ascending ids
         self._mine: dict[str, str] = {}  # entry id -> event stream: released, not acked
         self._ready: list[Inbound] = []

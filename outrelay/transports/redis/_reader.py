@@ -19,6 +19,7 @@ from redis import exceptions as rx
 
 from outrelay.core import cloudevents
 from outrelay.core.transport import Reader, Received
+from outrelay.transports.redis._client import open_client
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._errors import map_redis_errors
 
@@ -60,9 +61,7 @@ class RedisReader(Reader):
         self._client: Any = None
 
     async def start(self) -> None:
-        from outrelay.transports.redis._transport import connect
-
-        client = connect(self.cfg)
+        client, _ = await open_client(self.cfg, f"reader of {self.key}")
         try:
             with map_redis_errors(f"XGROUP CREATE {self.key}", f"reader of {self.key}"):
                 try:

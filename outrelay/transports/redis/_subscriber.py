@@ -58,11 +58,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from outrelay.core.errors import PermanentError, UsageError
 from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
 from outrelay.core.templates import Template
+from outrelay.transports.redis._client import Client, open_client
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._errors import map_redis_errors
 from outrelay.transports.redis._gate import ordering_key
@@ -116,7 +115,7 @@ class RedisSubscriber(SubscriptionBackend):
         self.cfg = cfg
         self.key = key
         self.destination = destination
-        self._client: aioredis.Redis | None = None
+        self._client: Client | None = None
         self._stopped = False
         # a BLOCK at or above socket_timeout would end in a client-side timeout
         self._max_block = max(0.001, cfg.socket_timeout * 0.8)
@@ -124,16 +123,16 @@ class RedisSubscriber(SubscriptionBackend):
     def _errors(self, what: str) -> Any:
         return map_redis_errors(f"{what} on {self.key!r} at {self.cfg.url}", self.destination)
 
-    def _live(self) -> aioredis.Redis | None:
+    def _live(self) -> Client | None:
         """The client; None once stopped. :raises UsageError: before ``start``."""
         if self._client is None and not self._stopped:
             raise UsageError(f"{self!r} is not started: call start() first")
         return self._client
 
-    async def _open(self) -> aioredis.Redis:
-        from outrelay.transports.redis._transport import connect
-
-        return connect(self.cfg)
+    async def _open(self) -> Client:
+        """A connected client. :raises PermanentError: the server is not in the configured mode."""
+        client, _ = await open_client(self.cfg, self.destination)
+        return client
 
 
 class RedisFanout(RedisSubscriber):

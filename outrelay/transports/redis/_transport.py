@@ -20,17 +20,21 @@ event_id`` makes a re-sent event a no-op and ``native_dedupe`` is declared;
 on older servers there is no native dedupe. Capabilities are therefore only
 final after :meth:`open`.
 
-Redis Cluster: this transport uses redis-py's standalone client, i.e. one
-node. Per-stream order needs a stream's entries on one key (the template
-renders one key per stream, or one key for all), and the script path needs
-every key of one call in one hash slot (else CROSSSLOT). On a cluster, pin
-the keys to one slot with a hash tag — ``stream = "events:{{outrelay}}:{stream}"``
-renders ``events:{outrelay}:order-42`` (``{{``/``}}`` are literal braces in
-templates, ``{outrelay}`` is the tag) — and point ``url`` at the node that
-owns that slot; a ``MOVED`` reply (slot moved by resharding) is retried.
+Redis Cluster (``cluster = true``, ``url`` = any node): redis-py's cluster
+client (:mod:`._client`) sends each key's commands to its slot's primary and
+follows ``MOVED``/``ASK`` through resharding and failovers. Per-stream order
+needs a stream's entries on one key (the template renders one key per
+stream, e.g. ``events:{stream}``, or one key for all); keys may be spread
+over every slot. A script call may only touch one slot, so the script path
+sends one call per slot, all slots of a chunk in one pipeline
+(:mod:`._slots`); the pipeline path needs nothing special (each wave holds one
+XADD per stream). A relay re-sends what a failover or a redirection left
+unanswered: at least once, never out of order.
 
 :raises RetryableError: from ``open`` when the server is unreachable within
-    ``connect_timeout``; PermanentError when authentication fails.
+    ``connect_timeout``; PermanentError when authentication fails or the
+    server is a cluster node under ``cluster = false`` (or standalone under
+    ``cluster = true``).
 """
 
 from __future__ import annotations
@@ -39,9 +43,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio.cluster import RedisCluster
 
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
@@ -58,8 +60,10 @@ from outrelay.core.transport import (
     Transport,
 )
 from outrelay.transports.redis._batch import HELD, XADD_SCRIPT, Entry, send_pipelined, send_scripted
+from outrelay.transports.redis._client import Client, connect, open_client
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._errors import describe, map_redis_errors
+from outrelay.transports.redis._slots import send_slotted
 
 if TYPE_CHECKING:
     from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
@@ -68,25 +72,6 @@ __all__ = ["RedisConfig", "RedisTransport", "connect", "encode"]
 
 IDMP_VERSION = (8, 6)
 CHUNK_BYTES = 4 * 1024 * 1024  # per script call / pipeline: bounds memory and the server's time in one script
-
-
-def connect(cfg: RedisConfig) -> aioredis.Redis:
-    """A client for ``cfg`` without redis-py's own retries (the relay retries)."""
-    kwargs: dict[str, Any] = {
-        "username": cfg.username,
-        "password": cfg.password.get_secret_value() if cfg.password else None,
-        "socket_connect_timeout": cfg.connect_timeout,
-        "socket_timeout": cfg.socket_timeout,
-        "retry": Retry(NoBackoff(), 0),
-    }
-    if cfg.tls:
-        kwargs.update(
-            ssl_ca_certs=cfg.ssl_ca_certs,
-            ssl_certfile=cfg.ssl_certfile,
-            ssl_keyfile=cfg.ssl_keyfile,
-            ssl_check_hostname=cfg.ssl_check_hostname,
-        )
-    return aioredis.Redis.from_url(cfg.url, **kwargs)
 
 
 def encode(event: Event, mode: str) -> dict[str, str | bytes]:
@@ -115,7 +100,7 @@ class RedisTransport(Transport):
         super().__init__(config, destination=destination)
         self.cfg: RedisConfig = config
         self._template = Template(config.stream, where=f"destinations.{destination}.stream", segment="key")
-        self._client: aioredis.Redis | None = None
+        self._client: Client | None = None
         self._state = "new"
         self.server_version: tuple[int, ...] | None = None
         self._idmp = False
@@ -140,18 +125,12 @@ class RedisTransport(Transport):
 
     @property
     def _where(self) -> str:
-        return self.cfg.url
+        return f"cluster {self.cfg.url}" if self.cfg.cluster else self.cfg.url
 
     async def open(self) -> None:
         if self._state == "open":
             return
-        client = connect(self.cfg)
-        try:
-            with map_redis_errors(f"connect to {self._where}", self.destination):
-                info = await client.info("server")
-        except BaseException:
-            await client.aclose()
-            raise
+        client, info = await open_client(self.cfg, self.destination)
         self.server_version = _version(info)
         self._idmp = self.cfg.dedupe == "auto" and self.server_version >= IDMP_VERSION
         self._client = client
@@ -216,10 +195,22 @@ class RedisTransport(Transport):
                     failed.add(batch[i].key)
         return [r if r is not None else RetryLater("no outcome recorded") for r in results]
 
-    async def _send_chunk(self, client: aioredis.Redis, messages: list[Message]) -> list[SendResult]:
-        """One script call or one series of pipelined waves for ``messages``."""
+    async def _send_chunk(self, client: Client, messages: list[Message]) -> list[SendResult]:
+        """One script call (on a cluster: one per slot) or one series of pipelined waves for ``messages``."""
         head = [] if self.cfg.maxlen is None else ["MAXLEN", "~", str(self.cfg.maxlen)]
         producer_id = self.cfg.producer_id if self._idmp else None
+        if self._script is not None and self.cfg.cluster:
+            assert isinstance(client, RedisCluster)
+            return await send_slotted(
+                client,
+                messages,
+                sha=self._script.sha,
+                mode=self.cfg.mode,
+                producer_id=producer_id,
+                head=head,
+                where=self._where,
+                destination=self.destination,
+            )
         if self._script is not None:
             return await send_scripted(self._script, messages, mode=self.cfg.mode, producer_id=producer_id, head=head)
         entries = [
@@ -242,7 +233,8 @@ class RedisTransport(Transport):
         client = self._client
         try:
             version = ".".join(map(str, self.server_version or ()))
-            head = f"redis {self._where} reachable (Redis {version}, dedupe {'IDMP' if self._idmp else 'none'})"
+            nodes = f"{len(client.get_primaries())} primaries, " if isinstance(client, RedisCluster) else ""
+            head = f"redis {self._where} reachable ({nodes}Redis {version}, dedupe {'IDMP' if self._idmp else 'none'})"
             if not self._template.is_static:
                 return f"{head}; keys from template {self.cfg.stream!r} are resolved at publish"
             key = self.cfg.stream
@@ -261,7 +253,7 @@ class RedisTransport(Transport):
                 await self.close()
                 self._state = "new"
 
-    async def _dryrun(self, client: aioredis.Redis, key: str) -> str:
+    async def _dryrun(self, client: Client, key: str) -> str:
         commands: list[tuple[str, ...]] = [("XADD", key, "*", "f", "v")]
         if self._script is not None:
             commands.append(("EVALSHA", self._script.sha, "1", key, "0"))

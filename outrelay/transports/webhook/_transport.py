@@ -3,7 +3,8 @@
 Each event is one ``POST`` to the rendered ``url``, signed per Standard
 Webhooks (``webhook-id`` = event id, so receivers can dedupe), carrying the
 CloudEvents HTTP binding: structured JSON by default, ``ce-*`` headers in
-binary mode. Connections are kept alive and pooled per destination by a
+binary mode (values percent-encoded as the binding requires: non-ASCII, space,
+``"`` and ``%``; the data's type in ``Content-Type``). Connections are kept alive and pooled per destination by a
 small HTTP/1.1 client of our own (:mod:`._http`; httpx cost ~1 ms of CPU
 per request on this path) that connects only through the SSRF guard.
 
@@ -141,7 +142,7 @@ class WebhookTransport(Transport):
     def _request(self, event: Event) -> tuple[dict[str, str], bytes]:
         if self.cfg.mode == "binary":
             body = event.data
-            headers = cloudevents.binary_headers(event)
+            headers = cloudevents.binary_headers(event, percent=True)  # HTTP binding 3.1.3.2: header-safe values
             if event.content_type:
                 headers["content-type"] = event.content_type
         else:

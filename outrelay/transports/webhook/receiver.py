@@ -75,7 +75,7 @@ def _decode(headers: Mapping[str, str], body: bytes) -> tuple[Event | None, str 
         if ctype and ctype.split(";", 1)[0].strip().lower() == cloudevents.STRUCTURED_CONTENT_TYPE:
             return cloudevents.from_structured(body), None
         if "ce-id" in headers:
-            return cloudevents.from_binary(headers, body, content_type=ctype), None
+            return cloudevents.from_binary(headers, body, content_type=ctype, percent=True), None
     except (EventError, ValueError, TypeError, KeyError) as exc:
         return None, f"not a CloudEvent: {exc}"
     return None, "not a CloudEvent: no ce-* headers and not application/cloudevents+json"

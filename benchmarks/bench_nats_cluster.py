@@ -1,0 +1,106 @@
+"""Relay throughput SQLite -> a 3-node NATS JetStream cluster (R3 stream) next to raw nats-py, same run.
+
+    .venv/bin/python benchmarks/bench_nats_cluster.py [--count 50000] [--streams 200] [--size 1024]
+
+Starts its own 3-node nats-server cluster on free ports in a temporary
+directory (``tests/cluster/_nats_cluster.py``), or uses
+``OUTRELAY_NATS_CLUSTER_URLS``. Each run gets a fresh R3 file stream. Prints
+events/s for the raw client (``js.publish_async`` pipelined in windows,
+timed before and after the relay, see ``_ratio.py``) and for the relay with
+``pipeline = true`` (the order guard on, as ``auto`` sets it for R3), and
+optionally ``--strict`` (``pipeline = false``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import uuid
+from pathlib import Path
+
+import nats
+import nats.js.api
+from _ratio import ratio, raw_line
+from bench_nats import make_events, raw, relay
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.cluster._nats_cluster import running_cluster
+
+
+async def create_stream(urls: list[str]) -> tuple[str, str]:
+    tag = uuid.uuid4().hex[:8]
+    name, subject = f"BENCHCL_{tag}".upper(), f"benchcl.{tag}"
+    nc = await nats.connect(urls)
+    try:
+        await nc.jetstream(timeout=10).add_stream(
+            name=name,
+            subjects=[f"{subject}.>"],
+            storage=nats.js.api.StorageType.FILE,
+            num_replicas=3,
+            max_msgs=200_000,
+            discard=nats.js.api.DiscardPolicy.OLD,
+            duplicate_window=120,
+        )
+    finally:
+        await nc.close()
+    return name, subject
+
+
+async def delete_stream(urls: list[str], name: str) -> None:
+    nc = await nats.connect(urls)
+    try:
+        await nc.jetstream(timeout=10).delete_stream(name)
+    finally:
+        await nc.close()
+
+
+async def run(urls: list[str], args: argparse.Namespace) -> None:
+    events = make_events(args.count, args.streams, args.size)
+    n = len(events)
+    name, subject = await create_stream(urls)
+    t_raw = await raw(urls[0], subject, events, args.window)
+    await delete_stream(urls, name)
+    results = []
+    for strict in (False, True) if args.strict else (False,):
+        name, subject = await create_stream(urls)
+        dest = {
+            "transport": "nats",
+            "servers": urls,
+            "subject": subject + ".{stream}",
+            "expected_stream": name,
+            "pipeline": not strict,
+            "order_guard": args.guard,
+        }
+        results.append((strict, await relay(dest, events, args.batch_size, args.in_flight, args.per_stream)))
+        await delete_stream(urls, name)
+    name, subject = await create_stream(urls)
+    try:
+        t_raw2 = await raw(urls[0], subject, events, args.window)
+    finally:
+        await delete_stream(urls, name)
+    print(f"nats jetstream cluster (3 nodes, R3 file stream), {n} events x {args.size} B, {args.streams} streams")
+    print(f"  raw nats-py publish_async pipelined : {raw_line(n, t_raw, t_raw2)}")
+    for strict, t in results:
+        label = "pipeline=false" if strict else f"pipeline=true, order_guard={args.guard}"
+        print(f"  outrelay relay ({label}) : {n / t:10.0f} ev/s ({t:.2f} s), ratio {ratio(n, t, t_raw, t_raw2):.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    ap.add_argument("--count", type=int, default=50_000)
+    ap.add_argument("--streams", type=int, default=200)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--batch-size", type=int, default=1000)
+    ap.add_argument("--in-flight", type=int, default=4)
+    ap.add_argument("--per-stream", type=int, default=16)
+    ap.add_argument("--window", type=int, default=4000)
+    ap.add_argument("--guard", choices=("auto", "last-msg-id", "off"), default="auto")
+    ap.add_argument("--strict", action="store_true", help="also run the relay with pipeline = false")
+    args = ap.parse_args()
+    with running_cluster() as cluster:
+        asyncio.run(run(cluster.urls, args))
+
+
+if __name__ == "__main__":
+    main()

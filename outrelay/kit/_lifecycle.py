@@ -1,0 +1,142 @@
+"""The open/close state machine every transport needs, written once.
+
+:class:`LifecycleTransport` is a :class:`~outrelay.core.transport.Transport`
+whose public ``open``/``send``/``close``/``check`` enforce the contract, so a
+subclass writes only its broker's work in ``_open``/``_send``/``_close``::
+
+    new ──open()──▶ open ──close()──▶ closed ──open()──▶ open ...
+     └──close()──▶ closed (nothing to release)
+
+* ``open()`` on an open transport does nothing. A failing ``_open`` leaves
+  the state as it was (``new`` or ``closed``) after ``_close`` has released
+  whatever it half-opened (``_close`` must tolerate that), and the error is
+  raised — mapped through :attr:`LifecycleTransport.errors` when it is not
+  already an :class:`~outrelay.OutrelayError`.
+* ``send()`` is only passed to ``_send`` while open. Before ``open()`` or
+  after ``close()`` it raises :class:`~outrelay.UsageError` naming the state.
+  An empty batch returns ``[]`` without calling ``_send``. A vendor exception
+  escaping ``_send`` is mapped to RetryableError/PermanentError for the
+  whole batch (per-message failures should be results, not exceptions).
+* ``close()`` is idempotent, and closing a never-opened transport does
+  nothing. The state is ``closed`` even if ``_close`` fails (the error is
+  mapped and raised once). A closed transport may be opened again: the relay
+  and ``outrelay check`` may reopen one instance.
+* ``check()`` opens if needed, returns ``await _check()`` and closes again
+  what it opened itself.
+
+``open()`` and ``close()`` are serialised by a lock, so a ``close()`` racing
+an ``open()`` runs after it. ``send()`` calls are not serialised: ``_send``
+may run concurrently with itself (the relay sends several batches at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import ClassVar, Literal
+
+from outrelay.core.errors import OutrelayError, UsageError
+from outrelay.core.transport import Message, SendResult, Transport, TransportConfig
+from outrelay.kit._errors import ErrorMap
+
+__all__ = ["LifecycleTransport", "State"]
+
+State = Literal["new", "open", "closed"]
+
+
+class LifecycleTransport(Transport):
+    """A transport base carrying the open/close rules (see the module docstring).
+
+    Subclasses implement :meth:`_open`, :meth:`_send` and :meth:`_close`, and
+    may override :meth:`_check` and set :attr:`errors`.
+    """
+
+    #: how vendor exceptions escaping ``_open``/``_send``/``_close`` are classified;
+    #: the default treats every one as retryable (a bug must not dead-letter events)
+    errors: ClassVar[ErrorMap] = ErrorMap()
+
+    def __init__(self, config: TransportConfig, *, destination: str = "default") -> None:
+        super().__init__(config, destination=destination)
+        self._state: State = "new"
+        self._lifecycle_lock = asyncio.Lock()
+
+    @property
+    def state(self) -> State:
+        """``"new"``, ``"open"`` or ``"closed"``."""
+        return self._state
+
+    @property
+    def is_open(self) -> bool:
+        return self._state == "open"
+
+    # -- what a subclass implements ------------------------------------------
+
+    async def _open(self) -> None:
+        """Connect. Raise RetryableError (broker down) or PermanentError (fix the config)."""
+
+    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
+        """Publish a non-empty ``batch`` while open; one result per message, in order."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _send()")
+
+    async def _close(self) -> None:
+        """Release everything ``_open`` acquired; must tolerate a partial ``_open``."""
+
+    async def _check(self) -> str:
+        """A short line for ``outrelay check``, called while open."""
+        return "reachable"
+
+    # -- the contract ----------------------------------------------------------
+
+    def _what(self) -> str:
+        return f"{self.name} transport (destination {self.destination!r})"
+
+    async def open(self) -> None:
+        """Connect unless already open. :raises RetryableError/PermanentError: see the module docstring."""
+        async with self._lifecycle_lock:
+            if self._state == "open":
+                return
+            try:
+                with self.errors.boundary(f"{self._what()}: open", destination=self.destination):
+                    await self._open()
+            except BaseException:
+                with contextlib.suppress(Exception):  # the open failure is the error to report
+                    await self._close()
+                raise
+            self._state = "open"
+
+    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
+        """Publish ``batch`` (see :meth:`_send`). :raises UsageError: not open."""
+        if self._state != "open":
+            hint = "call open() first" if self._state == "new" else "send() after close(); open() it again"
+            raise UsageError(f"{self._what()} is {self._state}, not open: {hint}")
+        if not batch:
+            return []
+        with self.errors.boundary(f"{self._what()}: send", destination=self.destination):
+            return await self._send(batch)
+
+    async def close(self) -> None:
+        """Disconnect; idempotent, and a no-op on a transport that is not open."""
+        async with self._lifecycle_lock:
+            if self._state != "open":
+                if self._state == "new":
+                    self._state = "closed"
+                return
+            self._state = "closed"
+            with self.errors.boundary(f"{self._what()}: close", destination=self.destination):
+                await self._close()
+
+    async def check(self) -> str:
+        """Open if needed, probe with :meth:`_check`, close again what was opened here."""
+        opened_here = self._state != "open"
+        await self.open()
+        try:
+            with self.errors.boundary(f"{self._what()}: check", destination=self.destination):
+                return await self._check()
+        finally:
+            if opened_here:
+                with contextlib.suppress(OutrelayError):  # the check's outcome matters more than a failed close
+                    await self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} destination={self.destination!r} state={self._state}>"

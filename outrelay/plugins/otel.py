@@ -1,0 +1,223 @@
+"""OpenTelemetry tracing for the relay (``pip install 'outrelay[otel]'``).
+
+A built-in plugin: it observes ``outrelay_relay_started``/``stopped`` and
+``outrelay_batch_settled`` (one call per batch) and does nothing unless
+tracing is on — ``[tracing] enabled = true`` in the relay's config,
+``OUTRELAY_TRACING=1``, or :func:`enable_tracing` in an embedding process.
+The producer and subscriber halves (trace context stored at append, CONSUMER
+spans around handlers) live in :mod:`outrelay.core.tracecontext`.
+
+Spans per batch a destination sends, recorded after settlement with the
+batch's real start and end times (the send path itself runs no tracing code)::
+
+    outrelay.claim   INTERNAL  claiming the batch; links to every producer's span
+    outrelay.send    PRODUCER  one per event that carries a traceparent, child of
+                               the producer's span (the span current at append),
+                               linked to the claim; status ERROR when not delivered
+    outrelay.settle  INTERNAL  writing the outcomes; links to every producer's span
+
+Attributes: ``messaging.system`` (``kafka``, ``rabbitmq``, ``aws_sqs``, ...,
+else the transport's name), ``messaging.destination.name`` (the topic,
+subject or queue; the destination's name for URL targets, which may hold
+credentials), ``messaging.operation.type``, ``cloudevents.event_id``,
+``cloudevents.event_type``, ``outrelay.destination``,
+``outrelay.attempt`` and ``outrelay.outcome`` (``delivered``, ``duplicate``,
+``retry``, ``rejected``). Links per span are capped at :data:`MAX_LINKS`.
+
+``[tracing] exporter``: ``global`` uses the process's tracer provider (set
+it up yourself, or run under ``opentelemetry-instrument``); ``console`` and
+``otlp`` make the relay install an SDK provider of its own, flushed and shut
+down when the relay stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from outrelay.core import tracecontext
+from outrelay.core.hookspecs import hookimpl
+from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from outrelay.core.config import TracingConfig
+
+__all__ = ["MAX_LINKS", "disable_tracing", "enable_tracing"]
+
+log = logging.getLogger("outrelay.relay")
+
+#: most links one claim/settle span carries (the SDK's default span limit)
+MAX_LINKS = 128
+
+#: transport name -> OpenTelemetry ``messaging.system`` value, where the conventions define one
+_SYSTEMS = {
+    "kafka": "kafka",
+    "rabbitmq": "rabbitmq",
+    "sqs": "aws_sqs",
+    "sns": "aws.sns",
+    "pubsub": "gcp_pubsub",
+    "servicebus": "servicebus",
+    "pulsar": "pulsar",
+}
+
+_systems: dict[str, str] = {}  # destination -> messaging.system, filled as relays start
+_owned: dict[int, Any] = {}  # id(relay) -> the provider it installed (or None) when that relay turned tracing on
+
+
+def enable_tracing(tracer_provider: TracerProvider | None = None) -> None:
+    """Turn tracing on in this process (producer stamping, relay spans,
+    subscriber spans); spans go to ``tracer_provider`` or the global one.
+
+    :raises MissingExtraError: OpenTelemetry is not installed (the message has the pip line).
+    """
+    tracecontext.enable(tracer_provider)
+
+
+def disable_tracing() -> None:
+    """Turn tracing off in this process."""
+    tracecontext.disable()
+
+
+def _own_provider(cfg: TracingConfig) -> Any:
+    """An SDK provider exporting as ``cfg.exporter`` says (None for ``global``)."""
+    if cfg.exporter == "global":
+        return None
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+    exporter: SpanExporter
+    if cfg.exporter == "console":
+        exporter = ConsoleSpanExporter(out=sys.stdout)  # the stdout of now, not of import time
+    else:
+        import importlib
+
+        mod = importlib.import_module("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+        exporter = mod.OTLPSpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": cfg.service_name}))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+@hookimpl
+def outrelay_relay_started(relay: Any) -> None:
+    for name, transport in relay.transports.items():
+        _systems[name] = _SYSTEMS.get(transport.name, transport.name)
+    cfg = getattr(relay.config, "tracing", None)
+    if cfg is None or not cfg.enabled or tracecontext.active:
+        return
+    try:  # the config check already found OpenTelemetry; a failure here must not stop delivery
+        provider = _own_provider(cfg)
+        tracecontext.enable(provider)
+    except Exception as exc:
+        log.error("tracing not started: %s: %s; the relay runs untraced", type(exc).__name__, exc)
+        return
+    _owned[id(relay)] = provider
+
+
+@hookimpl
+def outrelay_relay_stopped(relay: Any) -> None:
+    if id(relay) not in _owned:
+        return
+    provider = _owned.pop(id(relay))
+    tracecontext.disable()
+    if provider is not None:
+        provider.shutdown()  # flushes what the batch processor still holds
+
+
+@hookimpl
+def outrelay_batch_settled(
+    destination: str,
+    messages: Sequence[Message],
+    results: Sequence[SendResult],
+    timeline: tuple[float, float, float, float, float],
+) -> None:
+    if not tracecontext.active:
+        return
+    try:
+        _record_batch(destination, messages, results, timeline)
+    except Exception as exc:  # a tracing bug must not cost the other plugins (metrics) their call
+        log.warning("tracing: spans of a batch to %s were not recorded: %s: %s", destination, type(exc).__name__, exc)
+
+
+def _outcome(result: SendResult) -> tuple[str, str | None]:
+    if isinstance(result, Delivered):
+        return ("duplicate" if result.duplicate else "delivered"), None
+    if isinstance(result, RetryLater):
+        return "retry", result.error
+    if isinstance(result, Rejected):
+        return "rejected", result.reason
+    return type(result).__name__, None
+
+
+def _parents(messages: Sequence[Message]) -> list[Any]:
+    """Each message's producer context (None: untraced), parsed once per distinct traceparent
+    (a batch often holds many events appended under one span)."""
+    seen: dict[tuple[str, str | None], Any] = {}
+    out: list[Any] = []
+    for m in messages:
+        meta = m.event.metadata
+        tp = meta.get("traceparent")
+        if tp is None:
+            out.append(None)
+            continue
+        key = (tp, meta.get("tracestate"))
+        if key not in seen:
+            seen[key] = tracecontext.parent_context(meta)
+        out.append(seen[key])
+    return out
+
+
+def _record_batch(
+    destination: str,
+    messages: Sequence[Message],
+    results: Sequence[SendResult],
+    timeline: tuple[float, float, float, float, float],
+) -> None:
+    from opentelemetry import trace
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+    tracer = tracecontext.tracer()
+    claim0, claim1, send0, send1, settled = (int(t * 1e9) for t in timeline)
+    system = _systems.get(destination, "outrelay")
+    parents = _parents(messages)
+    distinct = {id(p): p for p in parents if p is not None}.values()  # contexts are not hashable
+    links = [Link(trace.get_current_span(p).get_span_context()) for p in distinct][:MAX_LINKS]
+    batch: dict[str, str | int] = {
+        "messaging.system": system,
+        "outrelay.destination": destination,
+        "messaging.batch.message_count": len(messages),
+    }
+    claim = tracer.start_span("outrelay.claim", links=links, attributes=batch, start_time=claim0 or send0)
+    claim.end(end_time=claim1 or send0)
+    to_claim = [Link(claim.get_span_context())]
+    for m, r, parent in zip(messages, results, parents, strict=True):
+        if parent is None:
+            continue
+        outcome, error = _outcome(r)
+        target = m.target if m.target and "://" not in m.target else destination
+        span = tracer.start_span(
+            "outrelay.send",
+            context=parent,
+            kind=SpanKind.PRODUCER,
+            links=to_claim,
+            start_time=send0,
+            attributes={
+                "messaging.system": system,
+                "messaging.destination.name": target,
+                "messaging.operation.type": "send",
+                "cloudevents.event_id": m.event.id,
+                "cloudevents.event_type": m.event.type,
+                "outrelay.destination": destination,
+                "outrelay.attempt": m.attempt,
+                "outrelay.outcome": outcome,
+            },
+        )
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end(end_time=send1)
+    tracer.start_span("outrelay.settle", links=links, attributes=batch, start_time=send1).end(end_time=settled)

@@ -1,0 +1,52 @@
+"""The shared conformance suite against the 6-node Redis Cluster (``cluster = true``), one fresh key per check.
+
+The fault checks that need a proxy in front of the broker skip: a cluster client is redirected to
+the nodes' own addresses (``CLUSTER SLOTS``), past any proxy. The kill/failover behaviour is
+covered by ``test_redis_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio.cluster import RedisCluster
+
+from outrelay.conformance import Binding, ConformanceSuite, ConformanceTarget
+from outrelay.transports.redis._transport import RedisConfig, RedisTransport
+from tests.cluster._redis_cluster import redis_cluster, redis_cluster_url
+from tests.services import free_port
+
+__all__ = ["redis_cluster", "redis_cluster_url"]  # fixtures used here
+
+
+class TestRedisClusterConformance(ConformanceSuite):
+    """Every check of the suite through redis-py's cluster client."""
+
+    @pytest.fixture
+    async def conformance_target(self, redis_cluster_url: str) -> AsyncIterator[ConformanceTarget]:
+        keys: list[str] = []
+
+        async def provision(name: str) -> str:
+            key = f"outrelay-conf:{uuid.uuid4().hex[:12]}"
+            keys.append(key)
+            return key
+
+        def make(key: str, url: str) -> RedisTransport:
+            cfg = RedisConfig(url=url, stream=key, cluster=True, connect_timeout=1.0, socket_timeout=3.0)
+            return RedisTransport(cfg, destination="conformance")
+
+        yield ConformanceTarget(
+            make_transport=lambda key: make(key, redis_cluster_url),
+            provision=provision,
+            make_unreachable=lambda key: make(key, f"redis://127.0.0.1:{free_port()}"),
+            label="redis cluster (6 real redis-server nodes, cluster = true)",
+            read_timeout=5.0,
+            binding=Binding("redis", prefix="ce_"),
+        )
+        if keys:
+            client = RedisCluster.from_url(redis_cluster_url)
+            for key in keys:
+                await client.delete(key)
+            await client.aclose()

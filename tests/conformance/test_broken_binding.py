@@ -1,0 +1,35 @@
+"""Each binding check fails a ``line`` transport with the one defect it is meant to catch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from outrelay.conformance import Binding
+from outrelay.conformance._binding import HTTP
+from outrelay.core.transport import Message
+from tests.conformance._broken import assert_fails
+from tests.conformance._line import LineTransport, line_target
+
+
+class EmptyContentType(LineTransport):
+    """Percent-encodes like HTTP, but sends an empty content-type header for events without one."""
+
+    percent = True
+
+    def request(self, m: Message) -> dict[str, Any]:
+        return super().request(m) | {"empty_ct": True}
+
+
+def test_binding_rules_catches_unencoded_header_values(tmp_path: Path) -> None:
+    # plain ``line`` sends raw UTF-8 header values: fine for NATS, wrong for the HTTP binding it now claims
+    assert_fails(line_target(LineTransport, binding=HTTP), "binding_rules", tmp_path, "unencoded")
+
+
+def test_binding_rules_catches_wrong_prefix(tmp_path: Path) -> None:
+    kafka_like = Binding("kafka", prefix="ce_")
+    assert_fails(line_target(LineTransport, binding=kafka_like), "binding_rules", tmp_path, "required attribute")
+
+
+def test_binding_sdk_decode_catches_what_the_sdk_refuses(tmp_path: Path) -> None:
+    assert_fails(line_target(EmptyContentType, binding=HTTP), "binding_sdk_decode", tmp_path, "SDK's http binding")

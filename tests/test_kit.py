@@ -1,0 +1,229 @@
+"""``outrelay.kit``: the plugin author's one module — its surface, the lifecycle base, the error table."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+import outrelay.kit as kit
+from outrelay.conformance.runner import load_plugin, parse_option
+from outrelay.kit import (
+    Delivered,
+    ErrorMap,
+    Event,
+    LifecycleTransport,
+    Message,
+    PermanentError,
+    Registry,
+    Rejected,
+    RetryableError,
+    RetryLater,
+    SendResult,
+    TransportConfig,
+    UsageError,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "transports.md"
+
+
+class TestSurface:
+    def test_every_exported_name_exists_and_comes_from_outrelay(self) -> None:
+        """Each name of outrelay.kit.__all__ exists and is defined inside outrelay."""
+        for name in kit.__all__:
+            obj = getattr(kit, name)
+            if name in ("hookimpl", "STRUCTURED_CONTENT_TYPE", "Kind", "State"):
+                continue
+            assert getattr(obj, "__module__", "").startswith("outrelay"), name
+
+    def test_every_kit_name_the_docs_use_is_public(self) -> None:
+        """Every name docs/transports.md imports from outrelay.kit or spells outrelay.kit.X is in __all__,
+        and its code never reaches into outrelay.core."""
+        blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+        assert blocks, "docs/transports.md has no python code blocks"
+        code = "\n".join(blocks)
+        names: set[str] = set()
+        for group in re.findall(r"from outrelay\.kit import \(?([^)]*?)\)?\n(?!\s)", code + "\n", re.S):
+            names |= {n.strip() for n in group.replace("\n", ",").split(",") if n.strip()}
+        names |= set(re.findall(r"outrelay\.kit\.([A-Za-z_]+)", code))
+        assert len(names) >= 10, names
+        assert sorted(names - set(kit.__all__)) == []
+        assert "outrelay.core" not in code
+
+
+class Probe(LifecycleTransport):
+    """A transport whose broker work only counts calls (or fails on demand)."""
+
+    name = "probe"
+
+    def __init__(self, fail_open: BaseException | None = None, fail_send: BaseException | None = None) -> None:
+        super().__init__(TransportConfig(), destination="d")
+        self.calls: list[str] = []
+        self.fail_open, self.fail_send = fail_open, fail_send
+
+    async def _open(self) -> None:
+        self.calls.append("open")
+        if self.fail_open is not None:
+            raise self.fail_open
+
+    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
+        self.calls.append(f"send{len(batch)}")
+        if self.fail_send is not None:
+            raise self.fail_send
+        return [Delivered() for _ in batch]
+
+    async def _close(self) -> None:
+        self.calls.append("close")
+
+
+def one() -> list[Message]:
+    ev = Event(type="t", stream="s")
+    return [Message(ev, "x", ev.stream)]
+
+
+class TestLifecycle:
+    def test_state_machine(self) -> None:
+        """new → open → closed → open again; open and close are idempotent; _open/_close run once each time."""
+
+        async def main() -> Probe:
+            t = Probe()
+            with pytest.raises(UsageError, match=r"probe transport \(destination 'd'\) is new, not open: call open"):
+                await t.send(one())
+            await t.open()
+            await t.open()
+            assert await t.send(one()) == [Delivered()]
+            assert await t.send([]) == []
+            await t.close()
+            await t.close()
+            with pytest.raises(UsageError, match="is closed, not open: send\\(\\) after close\\(\\)"):
+                await t.send(one())
+            await t.open()
+            assert t.state == "open"
+            await t.close()
+            return t
+
+        assert asyncio.run(main()).calls == ["open", "send1", "close", "open", "close"]
+
+    def test_close_before_open_touches_nothing(self) -> None:
+        """close() on a never-opened transport calls no _close and leaves it closed."""
+        t = Probe()
+        asyncio.run(t.close())
+        assert t.calls == [] and t.state == "closed"
+
+    def test_failed_open_releases_and_maps_the_error(self) -> None:
+        """A vendor exception from _open becomes RetryableError (default rule); _close ran; state unchanged."""
+        t = Probe(fail_open=ConnectionRefusedError("refused"))
+        with pytest.raises(RetryableError, match=r"probe transport \(destination 'd'\): open \(ConnectionRefused"):
+            asyncio.run(t.open())
+        assert t.calls == ["open", "close"] and t.state == "new"
+
+    def test_send_failure_is_a_batch_error(self) -> None:
+        """A vendor exception escaping _send is raised as an outrelay error for the whole batch."""
+        t = Probe(fail_send=ValueError("boom"))
+
+        async def main() -> None:
+            await t.open()
+            try:
+                await t.send(one())
+            finally:
+                await t.close()
+
+        with pytest.raises(RetryableError, match="boom"):
+            asyncio.run(main())
+
+    def test_check_closes_what_it_opened(self) -> None:
+        """check() on a closed transport opens, probes and closes again."""
+        t = Probe()
+        assert asyncio.run(t.check()) == "reachable"
+        assert t.calls == ["open", "close"] and t.state == "closed"
+
+
+class AuthError(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(f"code {code}")
+        self.code = code
+
+
+class TestErrorMap:
+    table = ErrorMap(
+        (lambda e: isinstance(e, AuthError) and e.code == 5, "reject", "fix the credentials"),
+        (AuthError, "retry"),
+        (ValueError, "reject"),
+        kit.Rule(TimeoutError, "retry", "slow broker", retry_after=2.5),
+    )
+
+    def test_first_matching_rule_wins(self) -> None:
+        """Rules apply in order: a predicate before a class; unmatched exceptions get the default (retry)."""
+        assert isinstance(self.table.result(AuthError(5)), Rejected)
+        assert isinstance(self.table.result(AuthError(7)), RetryLater)
+        assert isinstance(self.table.result(KeyError("k")), RetryLater)
+        assert self.table.result(TimeoutError()) == RetryLater("slow broker (TimeoutError)", 2.5)
+
+    def test_errors_and_boundary(self) -> None:
+        """boundary() raises RetryableError/PermanentError from the vendor exception; outrelay errors pass."""
+        expected = r"^open: fix the credentials \(AuthError: code 5\)$"
+        with pytest.raises(PermanentError, match=expected) as info, self.table.boundary("open", destination="d"):
+            raise AuthError(5)
+        assert isinstance(info.value.__cause__, AuthError) and info.value.destination == "d"
+        with pytest.raises(UsageError), self.table.boundary("send"):
+            raise UsageError("mine")
+
+    def test_messages_mask_credentials(self) -> None:
+        """URL user info and password=/token= values never reach a message."""
+        text = self.table.error(ValueError("amqp://bob:hunter2@h/ x token=abc password=pw"), "open").args[0]
+        assert "hunter2" not in text and "abc" not in text and "pw " not in text + " "
+        assert "***@h/" in text and "token=***" in text
+
+    def test_a_bad_kind_is_refused(self) -> None:
+        """A rule kind other than retry/reject is a ValueError at definition time."""
+        with pytest.raises(ValueError, match="kind must be 'retry' or 'reject'"):
+            ErrorMap((ValueError, "drop"))  # type: ignore[arg-type]
+
+
+class TestPluginLoading:
+    def test_module_class_file_and_hook(self, tmp_path: Path) -> None:
+        """--plugin accepts module:Class, a .py file, and a module whose hook registers transports."""
+        registry = Registry(autoload=False)
+        assert load_plugin("tests.test_kit:Probe", registry) == ["probe"]
+        src = tmp_path / "mine.py"
+        src.write_text(
+            "from outrelay.kit import Registry, hookimpl\nfrom outrelay.transports.memory import MemoryTransport\n"
+            "class Mine(MemoryTransport):\n    name = 'mine'\n"
+            "@hookimpl\ndef outrelay_add_transports(registry: Registry) -> None:\n"
+            "    registry.add_transport('mine', Mine)\n"
+        )
+        assert load_plugin(str(src), registry) == ["mine"]
+        assert registry.transport_spec("mine").load().__name__ == "Mine"
+
+    def test_bad_specs_are_config_errors(self) -> None:
+        """An unimportable module, a non-transport attribute, a missing file: one ConfigError line each."""
+        registry = Registry(autoload=False)
+        for spec, message in [
+            ("no_such_mod_q", "cannot import it"),
+            ("outrelay.kit:Event", "'Event' is not a Transport subclass"),
+            ("nowhere/x.py", "no such file"),
+            ("outrelay.kit", "registers no transport"),
+        ]:
+            with pytest.raises(kit.ConfigError, match=message):
+                load_plugin(spec, registry)
+
+    def test_options_are_read_as_toml_values(self) -> None:
+        """--option values are TOML scalars when they parse, else strings; no '=' is an error."""
+        assert parse_option("port=1883") == ("port", 1883)
+        assert parse_option("fsync=true") == ("fsync", True)
+        assert parse_option("topic=events/{type}") == ("topic", "events/{type}")
+        with pytest.raises(kit.ConfigError, match="is not key=value"):
+            parse_option("topic")
+
+
+def test_the_mqtt_example_uses_only_the_kit() -> None:
+    """examples/outrelay-mqtt imports outrelay.kit (and the conformance suite in tests), never outrelay.core."""
+    files = sorted((ROOT / "examples" / "outrelay-mqtt").rglob("*.py"))
+    assert len(files) >= 6
+    for path in files:
+        imports = re.findall(r"^\s*(?:from|import) (outrelay(?:\.[\w.]*)?)\b", path.read_text(), re.M)
+        assert all(m in ("outrelay.kit", "outrelay.conformance") for m in imports), (path, imports)
