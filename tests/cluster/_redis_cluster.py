@@ -109,7 +109,9 @@ class RedisClusterPeer:
         return out
 
     def primaries(self) -> list[dict[str, str]]:
-        return [n for n in self.nodes() if n["role"] == "primary"]
+        """The primaries that own slots (a demoted primary may still be flagged ``master`` with none)."""
+        owning = {str(primary[1]) for _, _, primary, *_ in self._ask_any("CLUSTER", "SLOTS")}
+        return [n for n in self.nodes() if n["role"] == "primary" and n["port"] in owning]
 
     def primary_of(self, key: str) -> int:
         """The port of the primary that owns ``key``'s slot now."""
@@ -127,8 +129,11 @@ class RedisClusterPeer:
         return out
 
     def wait_settled(self, timeout: float = SETTLE) -> None:
-        """Until every node says ``cluster_state:ok``, all slots are assigned, no slot is migrating or
-        importing, and all nodes agree on the slot map. :raises RuntimeError: not within ``timeout``."""
+        """Until every node says ``cluster_state:ok``, all slots are assigned, every replica is in sync
+        with its primary (else ``CLUSTER FAILOVER`` refuses), no slot is migrating or importing, and all
+        nodes agree on every node's role and on the slot map (else ``redis-cli --cluster`` may refuse).
+
+        :raises RuntimeError: not within ``timeout``."""
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
@@ -140,13 +145,18 @@ class RedisClusterPeer:
                         text = info if isinstance(info, str) else str(info)
                         if "cluster_state:ok" not in text or "cluster_slots_assigned:16384" not in text:
                             raise RuntimeError(f"node {port}: {text.splitlines()[0]}")
+                        replication = c.info("replication")
+                        if replication.get("role") == "slave" and replication.get("master_link_status") != "up":
+                            raise RuntimeError(f"replica {port}: not in sync with its primary yet")
                         nodes = c.execute_command("CLUSTER", "NODES")
                         if "->-" in nodes or "-<-" in nodes:
                             raise RuntimeError(f"node {port}: a slot is still migrating")
-                        maps.add(tuple(sorted(tuple(map(str, s[:3])) for s in c.execute_command("CLUSTER", "SLOTS"))))
+                        roles = sorted((line.split()[0], "master" in line.split()[2]) for line in nodes.splitlines())
+                        slot_map = sorted(tuple(map(str, s[:3])) for s in c.execute_command("CLUSTER", "SLOTS"))
+                        maps.add((tuple(roles), tuple(slot_map)))
                 if len(maps) == 1:
                     return
-                last = "nodes disagree about the slot map"
+                last = "nodes disagree about the roles or the slot map"
             except (redis.RedisError, RuntimeError, OSError) as exc:
                 last = str(exc)
             time.sleep(0.1)

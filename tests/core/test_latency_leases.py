@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from outrelay import Event, EventError, Outbox, Relay, StoreError, parse_config
+from outrelay import Event, EventError, Outbox, Relay, StoreError, hookimpl, parse_config
 from outrelay.core.stores import sqlite_watch
 from outrelay.core.stores.sqlite import SQLiteStore
 from outrelay.transports.memory import MemoryTransport
@@ -153,9 +153,13 @@ class TestMemoryBounds:
         relay = Relay(config=cfg)
         batches: list[int] = []
         peak = 0
-        relay.hook.outrelay_batch_settled = lambda messages, **_: batches.append(  # type: ignore[method-assign]
-            sum(len(m.event.data) for m in messages)
-        )
+
+        class Probe:
+            @hookimpl
+            def outrelay_batch_settled(self, messages: list[Any]) -> None:
+                batches.append(sum(len(m.event.data) for m in messages))
+
+        relay.registry.pm.register(probe := Probe())
 
         async def sample() -> None:
             nonlocal peak
@@ -164,8 +168,11 @@ class TestMemoryBounds:
                 await asyncio.sleep(0)
 
         sampler = asyncio.create_task(sample())
-        summary = await relay.run(drain=True)
-        sampler.cancel()
+        try:
+            summary = await relay.run(drain=True)
+        finally:
+            sampler.cancel()
+            relay.registry.pm.unregister(probe)
         assert summary.remaining == 0 and sum(batches) == 4_000_000
         assert max(batches) <= 250_000 and 0 < peak <= 600_000
 

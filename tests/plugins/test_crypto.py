@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from outrelay import Event, Outbox, Relay, parse_config
+from outrelay import Event, EventBus, Outbox, Relay, parse_config
+from outrelay.core import cloudevents
 from outrelay.core.config import OutrelayConfig
+from outrelay.core.consumer_dlq import ConsumerDeadLetters
 from outrelay.core.errors import ConfigError, EventError, MissingExtraError
-from outrelay.plugins.crypto import ENCRYPTED_CONTENT_TYPE, PayloadCrypto, is_sealed, reveal
+from outrelay.core.subscriber import Subscription
+from outrelay.plugins.crypto import ENCRYPTED_CONTENT_TYPE, PayloadCrypto, is_sealed, reveal, uninstall
+from outrelay.plugins.crypto._copy import copier
 from outrelay.plugins.crypto._keys import Keyring
 from outrelay.plugins.crypto._seal import Opener, Sealer
 from outrelay.transports.memory import MemoryTransport
@@ -68,6 +75,19 @@ class TestSealing:
         assert opened.data == e.data and opened.content_type == "application/json"
         assert dict(opened.metadata) == dict(e.metadata)
         assert opened == e  # every field, including sequence and time, survives the round trip
+
+    def test_sealed_event_survives_both_cloudevents_modes(self, keys: dict[str, str]) -> None:
+        """Binary (keyid as the ce-keyid header) and structured (data_base64, keyid attribute) both decode
+        to an event that still opens."""
+        ring = Keyring.load({"k1": "env:OR_TEST_K1"}, "k1")
+        sealed = Sealer(ring).seal(sample(metadata={"x": "y"}))
+        headers = cloudevents.binary_headers(sealed)
+        assert headers["ce-keyid"] == "k1" and "keyid" not in headers.get("ce-metadata", "")
+        binary = cloudevents.from_binary(headers, sealed.data, content_type=sealed.content_type)
+        structured = cloudevents.from_structured(cloudevents.to_structured(sealed))
+        for decoded in (binary, structured):
+            assert decoded.metadata["keyid"] == "k1"
+            assert Opener(ring).open(decoded).json() == {"card": "4111-1111", "amount": 42}
 
     def test_moved_or_altered_ciphertext_does_not_open(self, keys: dict[str, str]) -> None:
         """Ciphertext put on another event (other id) or changed by one bit fails with a clear EventError."""
@@ -271,3 +291,52 @@ class TestNoSecrets:
         for key in keys.values():
             raw = base64.b64decode(key)
             assert key not in seen and raw.hex() not in seen and repr(raw)[2:-1] not in seen
+
+
+class TestSubscribers:
+    async def test_dead_letter_keeps_ciphertext_and_replays_once_the_key_is_held(
+        self, tmp_path: Path, keys: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Without the event's key it is dead-lettered at once, still sealed; after a restart holding the key,
+        an operator's replay hands the handler the plaintext."""
+        monkeypatch.setattr(Subscription, "poll_interval", 0.05)
+        k1 = PayloadCrypto.from_config(config(tmp_path, crypto_of(keys, "k1")))
+        only_k2 = PayloadCrypto.from_config(config(tmp_path, crypto_of({"k2": ""}, "k2")))
+        dlq = ConsumerDeadLetters("memory")
+        got: list[Event] = []
+        try:
+            only_k2.install()
+            bus = EventBus.memory("crypto-sub", dead_letters=dlq)
+            sub = await bus.subscribe(got.append, name="billing", max_attempts=3)
+            await bus.publish(k1.encrypt([sample()]))
+            await wait_for(lambda: sub.stats.dead_lettered == 1)
+            await bus.close()
+            [dl] = dlq.entries(consumer="billing")
+            assert dl.attempts == 0 and "key 'k1', which this process does not hold" in dl.reason
+            assert is_sealed(cloudevents.from_structured(dl.body)) and b"4111" not in dl.body
+
+            k1.install()  # the restarted member holds k1
+            bus = EventBus.memory("crypto-sub", dead_letters=dlq)
+            sub = await bus.subscribe(got.append, name="billing")
+            assert dlq.replay([dl.id], consumer="billing") == 1
+            await wait_for(lambda: sub.stats.replayed == 1)
+            await bus.close()
+        finally:
+            uninstall()
+            dlq.close()
+        assert [e.json()["card"] for e in got] == ["4111-1111"] and not is_sealed(got[0])
+
+
+async def wait_for(cond: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not cond() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert cond(), "timed out"
+
+
+def test_copier_copies_every_field_and_refuses_unknown_ones() -> None:
+    """The generated copy equals dataclasses.replace; naming a field the class lacks is a TypeError."""
+    e = sample(tenant="t", labels={"a": "b"}, tags=("x",)).with_sequence(7)
+    assert copier(Event, "subject")(e, "s") == e.replace(subject="s")
+    with pytest.raises(TypeError, match="no field"):
+        copier(Event, "nope")

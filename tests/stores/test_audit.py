@@ -85,6 +85,28 @@ class TestRecording:
         verdict = verify(store, KEY)
         assert verdict.ok and verdict.checked == 3 and verdict.macs_checked, verdict.line()
 
+    def test_static_routing_records_exactly_what_it_routed(self, store: Store) -> None:
+        """Routing without decoding (every event to fixed destinations) records each pass's events."""
+        assert isinstance(store, AuditStore)
+        store.audit = Chain(None, "relay:t")
+
+        class Everywhere:
+            static_destinations = ("a", "b")
+
+            def __call__(self, event: Event) -> list[str]:
+                return ["a", "b"]
+
+        first = store.append([Event(type="order.created", stream="s", data=i) for i in range(5)])
+        assert store.route(Everywhere(), 3, T0) == 3
+        assert store.route(Everywhere(), 3, T0) == 2
+        got = [r.as_dict()["details"] for r in store.audit_page(0, 10)]
+        assert got == [
+            {"count": 3, "first_seq": first[0].sequence, "last_seq": first[2].sequence,
+             "ids_sha256": ids_digest(e.id for e in first[:3])},
+            {"count": 2, "first_seq": first[3].sequence, "last_seq": first[4].sequence,
+             "ids_sha256": ids_digest(e.id for e in first[3:])},
+        ]  # fmt: skip
+
     def test_nothing_is_recorded_while_audit_is_off(self, store: Store) -> None:
         """Without a chain set, routing and settling write no audit record."""
         assert isinstance(store, AuditStore)
@@ -205,3 +227,38 @@ def test_concurrent_writers_never_fork_the_chain(store: Store) -> None:
     assert not errors
     verdict = verify(store)
     assert verdict.ok and verdict.checked == 60, verdict.line()
+
+
+def test_relays_on_postgres_share_one_chain(pg_schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two relays draining one PostgreSQL outbox with [audit] on leave one intact chain covering every event."""
+    import asyncio
+
+    from outrelay import Outbox, Relay, parse_config
+    from outrelay.transports.memory import MemoryTransport
+    from tests.stores.conftest import pg_url
+
+    monkeypatch.setenv("OUTRELAY_TEST_AUDIT_KEY", "k" * 32)
+    relays = 2
+    url = pg_url(pg_schema)
+    raw = {
+        "outbox": {"url": url},
+        "audit": {"enabled": True, "hmac_key": "env:OUTRELAY_TEST_AUDIT_KEY"},
+        "destinations": {"mem": {"transport": "memory", "broker": "audit-pg", "batch_size": 50}},
+    }
+    with Outbox.open(url) as outbox:
+        outbox.append([Event(type="order.created", stream=f"s{i % 7}", data=i) for i in range(400)])
+
+    async def run_all() -> None:
+        await asyncio.gather(*(Relay(url, parse_config(raw)).run(drain=True) for _ in range(relays)))
+
+    asyncio.run(run_all())
+    assert len({m.event.id for m in MemoryTransport.broker("audit-pg").all()}) == 400
+    with Outbox.open(url) as outbox:
+        store = outbox.store
+        assert isinstance(store, AuditStore)
+        verdict = verify(store, AuditKey(b"k" * 32))
+        assert verdict.ok, verdict.line()
+        docs = [r.as_dict() for r in store.audit_page(0, 10_000)]
+    assert sum(d["details"]["count"] for d in docs if d["kind"] == "append") == 400
+    assert sum(d["details"]["count"] for d in docs if d["kind"] == "delivered") >= 400
+    assert len({d["actor"] for d in docs if d["kind"] == "relay.start"}) == relays

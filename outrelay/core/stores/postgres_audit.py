@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from outrelay.core.audit import AuditRecord, Chain, Entry, batch_details, settled_entries
+from outrelay.core.stores.audit_chain import AuditRecord, Chain, Entry, batch_details, settled_entries
 from outrelay.core.stores.base import Settlement
 from outrelay.core.stores.postgres_ops import PostgresParts
 

@@ -18,7 +18,7 @@ from outrelay.core.stores.base import Claimed, Settlement
 if TYPE_CHECKING:
     import psycopg
 
-    from outrelay.core.audit import Chain
+    from outrelay.core.stores.audit_chain import Chain
     from outrelay.core.stores.postgres_schema import Names
 
     Cursor = psycopg.Cursor[Any]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from outrelay.core.audit import AuditRecord, Chain, Entry, batch_details, settled_entries
+from outrelay.core.stores.audit_chain import AuditRecord, Chain, Entry, batch_details, settled_entries
 from outrelay.core.stores.base import Settlement
 from outrelay.core.stores.sqlite_ops import SQLiteParts
 

@@ -14,18 +14,26 @@ from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError
 from outrelay.core.segments import RejectedTarget
 from outrelay.core.transport import Message
+from outrelay.plugins.crypto._copy import copier
 from outrelay.plugins.crypto._keys import Keyring
 from outrelay.plugins.crypto._seal import ENCRYPTED_CONTENT_TYPE, Opener, Sealer
 
 __all__ = ["PayloadCrypto", "installed", "uninstall"]
 
 _Matcher = Callable[[Event], bool]
+#: with_event(message, event) / refused(message, target): a message with that field replaced
+_with_event: Callable[[Message, Event], Message] = copier(Message, "event")
+_refused: Callable[[Message, str], Message] = copier(Message, "target")
+
+
+def _every(e: Event) -> bool:
+    return True
 
 
 def _matcher(rules: Sequence[CryptoRule]) -> _Matcher:
     """A predicate: does any rule's ``types``/``tenants`` match the event (cached per type and tenant)."""
     if any(r.types == ("*",) and not r.tenants for r in rules):
-        return lambda e: True
+        return _every
     if not rules:
         return lambda e: False
     cache: dict[tuple[str, str | None], bool] = {}
@@ -137,12 +145,12 @@ class PayloadCrypto:
                         out.append(m)
                         continue
                     try:
-                        out.append(Message(opener.open(e), m.target, m.key, m.attempt))
+                        out.append(_with_event(m, opener.open(e)))
                     except EventError as exc:
-                        out.append(Message(e, RejectedTarget(str(exc)), m.key, m.attempt))
+                        out.append(_refused(m, RejectedTarget(str(exc))))
                 elif selected(e):
                     sealer = sealer or Sealer(keyring)
-                    out.append(Message(sealer.seal(e), m.target, m.key, m.attempt))
+                    out.append(_with_event(m, sealer.seal(e)))
                 else:
                     out.append(m)
             return out
