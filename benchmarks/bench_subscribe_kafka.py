@@ -18,6 +18,9 @@ fresh consumer group from the beginning of the topic, one member:
 The raw loop runs before and after the backend (see ``_ratio.py``). The
 group join is excluded from every timing: the clock starts when the member
 holds its partitions. (The full ``EventBus`` runtime figure comes later.)
+The last line gives this process's CPU time per event (``benchmarks/_cpu.py``;
+the broker's CPU excluded, the group joins included): on a shared machine
+compare these, not the ev/s ratios.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import time
 import uuid
 
 from _bus import bus_consume
+from _cpu import CpuClock
 from _ratio import ratio, raw_line
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -141,10 +145,12 @@ async def main() -> None:
         try:
             await prepublish(t, args.count, args.streams, args.size)
             n = args.count
-            t_raw = await raw(bootstrap, topic, n, args.batch)
-            t_sub = await backend(t, topic, n, args.batch)
-            t_bus = await bus_consume(t, n, target=topic, prefetch=args.batch * 4, claim_timeout=6.0)
-            t_raw2 = await raw(bootstrap, topic, n, args.batch)
+            cpu = CpuClock(n)
+            t_raw = await cpu.time("raw", raw(bootstrap, topic, n, args.batch))
+            t_sub = await cpu.time("backend", backend(t, topic, n, args.batch))
+            bus = bus_consume(t, n, target=topic, prefetch=args.batch * 4, claim_timeout=6.0)
+            t_bus = await cpu.time("bus", bus)
+            t_raw2 = await cpu.time("raw", raw(bootstrap, topic, n, args.batch))
         finally:
             await t.close()
         print(
@@ -157,6 +163,7 @@ async def main() -> None:
         print(f"  ratio b/a                            : {ratio(n, t_sub, t_raw, t_raw2):10.2f}")
         print(f"  (c) EventBus group member            : {n / t_bus:10.0f} ev/s (decode + runtime + handler)")
         print(f"  ratio c/a                            : {ratio(n, t_bus, t_raw, t_raw2):10.2f}")
+        print(f"  client CPU per event                 : {cpu.report()}")
     finally:
         if proc is not None:
             proc.kill()

@@ -14,6 +14,11 @@ event streams are appended once to one stream key (the transport's own
            decoding every entry into an Event, and ``ack()`` of each message,
            the acks of one batch awaited together (as a runtime handling
            several streams at once does) — the gate scripts included.
+
+Each line also gives this process's CPU time per event (``time.process_time``,
+the broker's own CPU excluded): unlike ev/s it hardly moves when other work
+shares the machine, and ``cpu a/b`` is what the ratio would be if the client
+were the bottleneck.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import uuid
 
 import redis.asyncio as aioredis
 from _bus import bus_consume
+from _cpu import CpuClock
 from _ratio import ratio
 
 from outrelay import Event, Message
@@ -86,10 +92,11 @@ async def main() -> None:
         for lo in range(0, len(events), 1000):
             await t.send([Message(e, key, e.stream) for e in events[lo : lo + 1000]])
         n = len(events)
-        t_raw = await raw(url, key, n, args.batch)
-        t_backend = await backend(t, n, args.batch)
-        t_bus = await bus_consume(t, n, prefetch=args.batch * 4)
-        t_raw2 = await raw(url, key, n, args.batch)
+        cpu = CpuClock(n)
+        t_raw = await cpu.time("raw", raw(url, key, n, args.batch))
+        t_backend = await cpu.time("backend", backend(t, n, args.batch))
+        t_bus = await cpu.time("bus", bus_consume(t, n, prefetch=args.batch * 4))
+        t_raw2 = await cpu.time("raw", raw(url, key, n, args.batch))
     finally:
         client = aioredis.Redis.from_url(url)
         await client.delete(key)
@@ -103,6 +110,7 @@ async def main() -> None:
     print(f"  ratio b/a                        : {ratio(n, t_backend, t_raw, t_raw2):10.2f}")
     print(f"  (c) EventBus group member        : {n / t_bus:10.0f} ev/s ({t_bus:.2f} s, decode + runtime + handler)")
     print(f"  ratio c/a                        : {ratio(n, t_bus, t_raw, t_raw2):10.2f}")
+    print(f"  client CPU per event             : {cpu.report()}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,10 @@ from outrelay.cli._doc_format import bounds, bullets, default, doc, rst_to_md, t
 from outrelay.cli._option_notes import NOTES
 from outrelay.core import templates
 from outrelay.core.config import (
+    AuditConfig,
     BusConfig,
+    CryptoConfig,
+    CryptoRule,
     DestinationConfig,
     EventLogConfig,
     OutboxConfig,
@@ -32,6 +35,7 @@ from outrelay.core.config import (
     RelayConfig,
     RetryPolicy,
     RouteConfig,
+    TracingConfig,
 )
 from outrelay.core.registry import Registry
 
@@ -43,7 +47,11 @@ _CORE: list[tuple[str, type[BaseModel], str]] = [
     ("[outbox]", OutboxConfig, "Where events are stored: the outbox database."),
     ("[relay]", RelayConfig, "How the relay polls, leases, batches and drains."),
     ("[bus]", BusConfig, ""),
-    ("[event_log]", EventLogConfig, ""),
+    ("[event_log]", EventLogConfig, "Event logs: one structured line per published event (docs/observability.md)."),
+    ("[tracing]", TracingConfig, "OpenTelemetry tracing (docs/tracing.md)."),
+    ("[audit]", AuditConfig, "The tamper-evident audit chain (docs/audit.md)."),
+    ("[crypto]", CryptoConfig, "Payload encryption (docs/encryption.md)."),
+    ("[[crypto.rules]]", CryptoRule, "Which events are encrypted, and for which destinations."),
     ("[destinations.NAME]", DestinationConfig, ""),
     ("[destinations.NAME.retry]", RetryPolicy, ""),
     ("[[routes]]", RouteConfig, ""),

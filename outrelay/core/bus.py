@@ -125,7 +125,9 @@ class EventBus:
         letters go to ``dead_letters``, else ``[bus] dead_letters``, else the outbox database.
 
         ``[tracing] enabled = true`` turns tracing on for the process
-        (:mod:`outrelay.core.tracecontext`).
+        (:mod:`outrelay.core.tracecontext`); plugins see ``cfg`` through the
+        ``outrelay_bus_configured`` hook (the crypto plugin installs the
+        ``[crypto]`` keys, so handlers get decrypted events).
 
         :raises ConfigError: unknown destination, a transport without subscriptions,
             or a missing extra — one line saying how to fix it.
@@ -139,10 +141,8 @@ class EventBus:
         name = destination or os.environ.get(BUS_ENV) or cfg.bus.destination or "memory"
         dlq_url = dead_letters or cfg.bus.dead_letters or cfg.outbox.url
         kwargs: dict[str, Any] = {"dead_letters": dlq_url, "claim_timeout": cfg.bus.claim_timeout, "member": member}
-        if name == "memory" and "memory" not in cfg.destinations:
-            return cls.memory(**kwargs)
         dest = cfg.destinations.get(name)
-        if dest is None:
+        if dest is None and name != "memory":
             known = ", ".join(sorted(cfg.destinations)) or "none"
             src = "--destination" if destination else f"${BUS_ENV}" if os.environ.get(BUS_ENV) else "[bus] destination"
             raise ConfigError(f"{src} names destination {name!r}, which is not defined (defined: {known}, or memory)")
@@ -150,6 +150,9 @@ class EventBus:
             from outrelay.core.registry import Registry
 
             registry = Registry()
+        registry.pm.hook.outrelay_bus_configured(config=cfg)
+        if dest is None:
+            return cls.memory(**kwargs)
         transport = registry.create_transport(dest.transport, dest.options, destination=name)
         return cls(transport, **kwargs)
 

@@ -22,7 +22,10 @@ ASCII, as UTF-8 bytes ``%XY``); ``from_binary(..., percent=True)`` undoes it
 (a double-quoted value is unquoted first; invalid UTF-8 is an EventError). ``to_structured`` gives the
 JSON structured form (``application/cloudevents+json``): JSON data inline as
 ``data``, text as a string, anything else as ``data_base64``. The ``from_*``
-functions are exact inverses, so readers rebuild the original :class:`Event`.
+functions are exact inverses, so readers rebuild the original :class:`Event`,
+validated as the constructor does (:meth:`Event.checked`: a foreign producer may
+write anything). Decoders that read headers themselves collect the attributes
+in the same pass with :func:`attribute_names` and call :func:`from_attributes`.
 
 :raises EventError: when decoding something that is not a CloudEvent.
 """
@@ -44,11 +47,13 @@ from outrelay.core.errors import EventError
 __all__ = [
     "PROMOTED_METADATA",
     "STRUCTURED_CONTENT_TYPE",
+    "attribute_names",
     "attributes",
     "binary_headers",
     "from_attributes",
     "from_binary",
     "from_structured",
+    "is_structured",
     "percent_decode",
     "to_structured",
 ]
@@ -156,34 +161,87 @@ def _attributes(event: Event, n: dict[str, str], content_type: bool) -> dict[str
 
 
 def from_attributes(attrs: Mapping[str, str], data: bytes) -> Event:
-    """Rebuild an :class:`Event` from context attributes and the raw data."""
+    """Rebuild an :class:`Event` from context attributes and the raw data.
+
+    Everything is validated as :class:`Event` does (through :meth:`Event.checked`,
+    which runs only the checks of the attributes present).
+
+    :raises EventError: a required attribute is missing, or one is malformed
+        (``time`` not RFC 3339, ``labels``/``metadata``/``tags`` not JSON,
+        ``sequence`` not an integer, or any check of :class:`Event`).
+    """
+    get = attrs.get
     try:
         fields: dict[str, Any] = {
             "id": attrs["id"],
             "source": attrs["source"],
             "type": attrs["type"],
-            "stream": attrs.get("streamid") or attrs["partitionkey"],
-            "content_type": attrs.get("datacontenttype"),
+            "stream": get("streamid") or attrs["partitionkey"],
         }
     except KeyError as exc:
         raise EventError(f"not a CloudEvent: attribute {exc.args[0]!r} is missing") from exc
-    from datetime import datetime
+    value = get("datacontenttype")
+    if value is not None:
+        fields["content_type"] = value
+    value = get("time")
+    if value is not None:
+        fields["time"] = value  # Event.checked parses it (and keeps canonical text as time_text)
+    for field, name in _SIMPLE_ITEMS:
+        value = get(name)
+        if value is not None:
+            fields[field] = value
+    if not _RARE.isdisjoint(attrs):
+        _rare(attrs, fields)
+    return Event.checked(fields, data if type(data) is bytes else bytes(data))
 
-    if "time" in attrs:
-        fields["time"] = datetime.fromisoformat(attrs["time"].replace("Z", "+00:00"))
-    for field, name in _SIMPLE.items():
-        if name in attrs:
-            fields[field] = attrs[name]
-    for name in ("labels", "metadata"):
-        if name in attrs:
-            fields[name] = orjson.loads(attrs[name])
+
+_RARE = frozenset(("labels", "metadata", "tags", "sequence", *PROMOTED_METADATA))
+
+
+def _rare(attrs: Mapping[str, str], fields: dict[str, Any]) -> None:
+    """Add the JSON-valued attributes, the promoted metadata keys and ``sequence`` to ``fields``."""
+    get = attrs.get
+    for name in ("labels", "metadata", "tags"):
+        value = get(name)
+        if value is not None:
+            try:
+                fields[name] = orjson.loads(value)
+            except orjson.JSONDecodeError as exc:
+                raise EventError(f"not a CloudEvent: attribute {name!r} is not JSON: {exc}") from None
     for key in PROMOTED_METADATA:
-        if key in attrs:
-            fields.setdefault("metadata", {})[key] = attrs[key]
-    if "tags" in attrs:
-        fields["tags"] = tuple(orjson.loads(attrs["tags"]))
-    sequence = int(attrs["sequence"]) if "sequence" in attrs else None
-    return Event(**fields, data=bytes(data), sequence=sequence)
+        value = get(key)
+        if value is not None:
+            meta = fields.get("metadata")
+            if not meta:  # absent, or a JSON value that Event reads as empty
+                meta = fields["metadata"] = {}
+            elif not isinstance(meta, dict):
+                raise EventError(f"event metadata must be a mapping of strings, got {type(meta).__name__}")
+            meta[key] = value
+    value = get("sequence")
+    if value is not None:
+        try:
+            fields["sequence"] = int(value)
+        except (TypeError, ValueError):
+            raise EventError(f"not a CloudEvent: attribute 'sequence' = {value[:40]!r} is not an integer") from None
+
+
+@functools.cache
+def attribute_names(prefix: str) -> Mapping[str, str]:
+    """Header name as :func:`binary_headers` writes it -> attribute name, for decoders that
+    collect the attributes in the same pass as the headers; a header not in it is an
+    attribute when its lower-cased name starts with ``prefix`` (what :func:`from_binary` does).
+    One shared dict per prefix (a plain dict: a mappingproxy lookup costs more): do not change it."""
+    return {wire: name for name, wire in _names(prefix).items()}
+
+
+def is_structured(content_type: str | None) -> bool:
+    """True for the structured mode's content type (``application/cloudevents+json``, any case, any parameters)."""
+    # shorter types (application/octet-stream, application/json, text/plain; charset=utf-8) end at len()
+    return (
+        content_type is not None
+        and len(content_type) >= 28
+        and content_type.split(";", 1)[0].strip().lower() == STRUCTURED_CONTENT_TYPE
+    )
 
 
 def from_binary(
@@ -193,12 +251,17 @@ def from_binary(
     ``content_type`` (the protocol's own field) is the data content type unless
     a ``datacontenttype`` header is present; ``percent`` decodes every value with
     :func:`percent_decode`."""
+    known = attribute_names(prefix)
     plen = len(prefix)
     low = prefix.lower()
-    if percent:
-        attrs = {k[plen:].lower(): percent_decode(v) for k, v in headers.items() if k.lower().startswith(low)}
-    else:
-        attrs = {k[plen:].lower(): v for k, v in headers.items() if k.lower().startswith(low)}
+    attrs: dict[str, str] = {}
+    for k, v in headers.items():
+        name = known.get(k)
+        if name is None:  # another spelling, an unknown extension, or not an attribute
+            if not k.lower().startswith(low):
+                continue
+            name = k[plen:].lower()
+        attrs[name] = percent_decode(v) if percent else v
     if content_type and "datacontenttype" not in attrs:
         attrs["datacontenttype"] = content_type
     return from_attributes(attrs, data)

@@ -121,6 +121,15 @@ def outrelay_send_transform(
 
 
 @hookspec
+def outrelay_bus_configured(config: OutrelayConfig) -> None:
+    """:meth:`EventBus.from_config <outrelay.EventBus.from_config>` built a bus
+    from ``config``: take what this process's subscribers need from it (the
+    crypto plugin installs the ``[crypto]`` keys). May raise ``ConfigError``
+    (a key cannot be read): ``from_config`` raises it.
+    """
+
+
+@hookspec
 def outrelay_receive_transform(consumer: str) -> Callable[[Event], Event] | None:
     """Return a function the subscriber runtime applies to each received event
     before upcasting and the handler, or None.

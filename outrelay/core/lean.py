@@ -1,31 +1,62 @@
 """Lean events: what a fold needs, without decoding the whole envelope.
 
 Decoding an :class:`~outrelay.Event` (its JSON envelope, time, labels,
-metadata) costs more than most folds do with it. A projection that only
-looks at ``type``, ``sequence``, ``event_version`` and ``data`` can set
-``Projection.lean = True`` (or pass ``lean=True`` to :func:`replay`): its
-``apply`` then receives a :class:`LeanEvent`, read from the database as
-four columns and upcast like any event. Same order, same upcasters, same
-state; two to four times the throughput (benchmarks/bench_replay.py).
+metadata) costs more than most folds do with it. A projection can set
+``Projection.lean = True`` (or pass ``lean=True`` to :func:`~outrelay.core.replay.replay`):
+its ``apply`` then receives a :class:`LeanEvent`, read from the database as
+``(sequence, type, version, data)`` rows and upcast like any event. Same
+order, same upcasters, same state; two to four times the throughput
+(benchmarks/bench_replay.py).
+
+A :class:`LeanEvent` has every attribute name of an :class:`~outrelay.Event`
+(read-only). ``stream``, ``sequence``, ``type``, ``event_version`` and
+``data`` are at hand; the rest of the envelope (``id``, ``time``,
+``tenant``, ``labels``…) is decoded on first access: from the stored
+envelope row on SQLite, and on PostgreSQL by reading that event's page of
+the stream again (one query per page of events that asks). :meth:`LeanEvent.to_event`
+gives the full, upcast :class:`~outrelay.Event`. A lean event is not an
+``Event`` instance: ``isinstance`` checks, ``replace()`` and
+``with_sequence()`` need :meth:`~LeanEvent.to_event`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError
 
 if TYPE_CHECKING:
     from outrelay.core.stores.base import Store
     from outrelay.core.upcasting import Upcasters
 
-__all__ = ["LeanEvent", "read_lean"]
+__all__ = ["LeanEvent", "read_lean", "read_lean_pages"]
 
 
 _VERSION_KEY = b'"event_version":"'
+_KEY_LEN = len(_VERSION_KEY)
+
+#: the envelope fields a LeanEvent decodes on first access
+_ENVELOPE = (
+    "id",
+    "source",
+    "time",
+    "time_text",
+    "tenant",
+    "correlation_id",
+    "causation_id",
+    "schema_version",
+    "producer_version",
+    "subject",
+    "labels",
+    "tags",
+    "content_type",
+    "metadata",
+)
 
 
 def version_of(attrs: bytes | str) -> str:
@@ -33,25 +64,80 @@ def version_of(attrs: bytes | str) -> str:
     orjson's compact JSON): a byte search, 10x cheaper than decoding it;
     anything unusual (an escaped quote, another writer) is decoded properly."""
     raw = attrs if type(attrs) is bytes else str(attrs).encode()
-    i = raw.find(_VERSION_KEY) + len(_VERSION_KEY)
+    i = raw.find(_VERSION_KEY) + _KEY_LEN
     j = raw.find(b'"', i)
-    if i < len(_VERSION_KEY) or j < 0 or raw[j - 1] == 92:  # 92: a backslash
+    if i < _KEY_LEN or j < 0 or raw[j - 1] == 92:  # 92: a backslash
         return str(orjson.loads(raw).get("event_version") or "1")
     return raw[i:j].decode()
 
 
+class _Page:
+    """The envelopes of one page of a stream, read again on the first access
+    to one of them (stores whose lean rows carry no envelope: PostgreSQL)."""
+
+    __slots__ = ("_events", "_read", "after", "size", "store", "stream")
+
+    def __init__(self, store: Store, stream: str, after: int, size: int) -> None:
+        self.store, self.stream, self.after, self.size = store, stream, after, size
+        self._events: dict[int, Event] = {}
+        self._read = after  # envelopes are read up to this sequence
+
+    def event(self, sequence: int) -> Event:
+        """The stored (not upcast) event ``sequence`` of this page.
+
+        :raises EventError: it was deleted (retention) since the page was read."""
+        from outrelay.core.stores.base import HistoryFilter
+
+        while sequence not in self._events and self._read < sequence:  # more than one read only if events
+            got = self.store.history(HistoryFilter(stream=self.stream), after=self._read, limit=self.size)
+            self._events.update((e.sequence or 0, e) for e in got)  # were committed in between (PostgreSQL)
+            self._read = max(self._events, default=sequence) if len(got) == self.size else sequence
+        found = self._events.get(sequence)
+        if found is None:
+            raise EventError(
+                f"event {sequence} of stream {self.stream!r} is no longer in the outbox (pruned by retention "
+                "since the fold read it); read its envelope before retention removes it"
+            )
+        return found
+
+
 class LeanEvent:
-    """One stored event reduced to ``stream``, ``sequence``, ``type``,
-    ``event_version`` and ``data`` (bytes); :meth:`json` decodes ``data``."""
+    """One stored event as a fold sees it, cheaply: ``stream``, ``sequence``,
+    ``type``, ``event_version`` (after upcasting) and ``data`` (JSON bytes,
+    upcast) are plain attributes; :meth:`json` decodes ``data``; every other
+    attribute of :class:`~outrelay.Event` is decoded from the stored envelope
+    on first access (see the module docstring). Read-only by convention, like
+    an ``Event``; equal lean events are not ``==`` (compare ``sequence``)."""
 
-    __slots__ = ("_version", "data", "sequence", "stream", "type")
+    __slots__ = ("_env", "_event", "_version", "data", "sequence", "stream", "type")
 
-    def __init__(self, stream: str, sequence: int, type: str, version: str | bytes, data: bytes) -> None:
+    if TYPE_CHECKING:  # decoded on first access (properties made below)
+        id: str
+        source: str
+        time: datetime
+        time_text: str
+        tenant: str | None
+        correlation_id: str | None
+        causation_id: str | None
+        schema_version: str | None
+        producer_version: str | None
+        subject: str | None
+        labels: Mapping[str, str]
+        tags: tuple[str, ...]
+        content_type: str | None
+        metadata: Mapping[str, str]
+        _event: Event
+
+    def __init__(
+        self, stream: str, sequence: int, type: str, version: str | bytes, data: bytes, env: Any = None
+    ) -> None:
         self.stream = stream
         self.sequence = sequence
         self.type = type
         self._version = version  # the version, or the envelope it is found in on first access
         self.data = data
+        self._env = env  # the stored envelope (bytes/str JSON), a _Page to read it from, or None
+        # _event (the full Event) is only set once asked for: one store less per event folded
 
     @property
     def event_version(self) -> str:
@@ -67,11 +153,101 @@ class LeanEvent:
         except orjson.JSONDecodeError as exc:
             raise EventError(f"event {self.sequence} of stream {self.stream!r} has data that is not JSON") from exc
 
+    def to_event(self) -> Event:
+        """The full :class:`~outrelay.Event`, at the same (upcast) version and
+        data; decoded once, then cached.
+
+        :raises EventError: its envelope is gone (see :meth:`_Page.event`)."""
+        try:
+            return self._event
+        except AttributeError:
+            pass
+        env, version = self._env, self._version
+        if env is None and type(version) is not str:
+            env = version  # the lean row carried the envelope in place of the version
+        if isinstance(env, _Page):
+            stored = env.event(self.sequence)
+        elif env is None:
+            raise EventError(f"event {self.sequence} of stream {self.stream!r} was read without its envelope")
+        else:
+            stored = Event.from_attributes(orjson.loads(env), self.data, self.sequence)
+        event = stored.with_sequence(self.sequence)  # a copy: upcast data and version go in below
+        object.__setattr__(event, "data", self.data)
+        object.__setattr__(event, "event_version", self.event_version)
+        self._event = event
+        return event
+
     def __repr__(self) -> str:
         return (
             f"LeanEvent(stream={self.stream!r}, sequence={self.sequence}, type={self.type!r}, "
             f"event_version={self.event_version!r}, data=<{len(self.data)} bytes>)"
         )
+
+
+def _envelope_field(name: str) -> property:
+    def get(self: LeanEvent) -> Any:
+        return getattr(self.to_event(), name)
+
+    get.__name__ = name
+    get.__doc__ = f"The event's ``{name}``, decoded from its stored envelope on first access."
+    return property(get)
+
+
+for _name in _ENVELOPE:
+    setattr(LeanEvent, _name, _envelope_field(_name))
+del _name
+
+
+def read_lean_pages(
+    store: Store, stream: str, *, after: int = 0, upcasters: Upcasters | None = None, page: int = 2000
+) -> Iterator[list[LeanEvent]]:
+    """``stream``'s events after ``after`` as lists (one database page each)
+    of :class:`LeanEvent`, in order, upcast to their type's current version
+    (default registry unless given). Folds loop over pages: a list is cheaper
+    to walk than a generator per event.
+
+    :raises EventError: an event with no upcaster path."""
+    from outrelay.core.upcasting import default_upcasters
+
+    up = default_upcasters() if upcasters is None else upcasters
+    current = up.current
+    upcast_data = up.upcast_data
+    while True:
+        rows = store.history_lean(stream, after=after, limit=page)
+        out: list[LeanEvent] = []
+        add = out.append
+        lazy: _Page | None = None
+        for seq, type_, version, data in rows:
+            env = None
+            if type(version) is not str:  # the envelope came in place of the version
+                env = version
+                target = current.get(type_)
+                if target is not None:  # only types with upcasters pay for their version
+                    if type(version) is bytes:  # version_of(), inlined: this loop runs once per event
+                        i = version.find(_VERSION_KEY) + _KEY_LEN
+                        j = version.find(b'"', i)
+                        version = (
+                            version_of(version)
+                            if i < _KEY_LEN or j < 0 or version[j - 1] == 92
+                            else version[i:j].decode()
+                        )
+                    else:
+                        version = version_of(version)
+                    if version != target:
+                        version, data = upcast_data(type_, version, data, f"{stream}#{seq}")
+            else:
+                if lazy is None:
+                    lazy = _Page(store, stream, after, page)
+                env = lazy
+                target = current.get(type_)
+                if target is not None and version != target:
+                    version, data = upcast_data(type_, version, data, f"{stream}#{seq}")
+            add(LeanEvent(stream, seq, type_, version, data, env))
+        if out:
+            yield out
+        if len(rows) < page:
+            return
+        after = rows[-1][0]
 
 
 def read_lean(
@@ -81,20 +257,5 @@ def read_lean(
     upcast to their type's current version (default registry unless given).
 
     :raises EventError: an event with no upcaster path."""
-    from outrelay.core.upcasting import default_upcasters
-
-    up = default_upcasters() if upcasters is None else upcasters
-    current = up.current
-    while True:
-        rows = store.history_lean(stream, after=after, limit=page)
-        for seq, type_, version, data in rows:
-            target = current.get(type_)
-            if target is not None:  # only types with upcasters pay for their version
-                if type(version) is not str:
-                    version = version_of(version)
-                if version != target:
-                    version, data = up.upcast_data(type_, version, data, f"{stream}#{seq}")
-            yield LeanEvent(stream, seq, type_, version, data)
-        if len(rows) < page:
-            return
-        after = rows[-1][0]
+    for batch in read_lean_pages(store, stream, after=after, upcasters=upcasters, page=page):
+        yield from batch

@@ -35,8 +35,8 @@ import orjson
 
 from outrelay.core.envelope import Event
 from outrelay.core.errors import NotFoundError, UsageError
-from outrelay.core.history import read_stream
-from outrelay.core.lean import LeanEvent, read_lean
+from outrelay.core.history import read_stream_pages
+from outrelay.core.lean import LeanEvent, read_lean_pages
 from outrelay.core.stores.base import Snapshot
 
 if TYPE_CHECKING:
@@ -105,7 +105,8 @@ class Projection(Generic[S]):
     name: str = ""
     #: bump when apply() changes: snapshots of another version are not used
     version: str = "1"
-    #: apply() gets :class:`~outrelay.core.lean.LeanEvent` s (type, sequence, version, data): twice as fast
+    #: apply() gets :class:`~outrelay.core.lean.LeanEvent` s (type, sequence, version and data at hand,
+    #: the rest of the envelope decoded on first access): two to four times the throughput
     lean: bool = False
 
     def initial(self) -> S:
@@ -124,30 +125,34 @@ class Projection(Generic[S]):
         return value
 
 
-def _events(
+def _pages(
     store: Store, stream: str, after: int, upcasters: Upcasters | None, lean: bool
-) -> Iterable[Event] | Iterable[LeanEvent]:
+) -> Iterable[list[Event]] | Iterable[list[LeanEvent]]:
     if lean:
-        return read_lean(store, stream, after=after, upcasters=upcasters)
-    return read_stream(store, stream, after=after, upcasters=upcasters)
+        return read_lean_pages(store, stream, after=after, upcasters=upcasters)
+    return read_stream_pages(store, stream, after=after, upcasters=upcasters)
 
 
 def _fold(
-    events: Iterable[Any], apply: Callable[[S, Any], S], state: S, on_event: Callable[[S, Any, int], None] | None
+    pages: Iterable[list[Any]], apply: Callable[[S, Any], S], state: S, on_event: Callable[[S, Any, int], None] | None
 ) -> tuple[S, int, int]:
+    """Fold every event of ``pages`` (lists, in sequence order) into ``state``;
+    returns (state, last sequence or 0, events folded)."""
     count = 0
     last = 0
-    if on_event is None:  # the hot loop: nothing but apply
-        for event in events:
+    if on_event is None:  # the hot loop: nothing but apply (a list per page: no generator step per event)
+        for page in pages:
+            for event in page:
+                state = apply(state, event)
+            count += len(page)
+            last = page[-1].sequence or last
+        return state, last, count
+    for page in pages:
+        for event in page:
             state = apply(state, event)
             count += 1
             last = event.sequence or last
-        return state, last, count
-    for event in events:
-        state = apply(state, event)
-        count += 1
-        last = event.sequence or last
-        on_event(state, event, count)
+            on_event(state, event, count)
     return state, last, count
 
 
@@ -169,7 +174,7 @@ def replay(
     :class:`~outrelay.Event`, or with ``lean`` each :class:`~outrelay.core.lean.LeanEvent`.
 
     :raises NotFoundError: no events to fold from the start of an unknown stream."""
-    state, last, count = _fold(_events(store, stream, after, upcasters, lean), apply, initial, None)
+    state, last, count = _fold(_pages(store, stream, after, upcasters, lean), apply, initial, None)
     _count(count)
     if count == 0 and after == 0 and not missing_ok:
         raise NotFoundError(f"stream {stream!r} has no events in the outbox {_where(store)}; check the name")
@@ -207,8 +212,8 @@ def rebuild(
         if count % snapshot_every == 0:  # type: ignore[operator]  # only set when snapshot_every is
             _save(store, projection, stream, state, event.sequence or 0, base + count)
 
-    events = _events(store, stream, after, upcasters, projection.lean)
-    state, last, count = _fold(events, projection.apply, state, save if snapshot_every else None)
+    pages = _pages(store, stream, after, upcasters, projection.lean)
+    state, last, count = _fold(pages, projection.apply, state, save if snapshot_every else None)
     _count(count)
     if count == 0 and snap is None and not missing_ok:
         raise NotFoundError(f"stream {stream!r} has no events in the outbox {_where(store)}; check the name")

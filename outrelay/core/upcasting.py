@@ -56,6 +56,8 @@ class Upcasters:
 
     def __init__(self) -> None:
         self._steps: dict[tuple[str, str], tuple[str, Upcaster]] = {}
+        #: the steps from (type, version) to the type's current version, found once (cleared on register)
+        self._chains: dict[tuple[str, str], tuple[tuple[str, str, Upcaster], ...]] = {}
         #: newest version per type (the target of every chain)
         self.current: dict[str, str] = {}
 
@@ -80,6 +82,7 @@ class Upcasters:
         if (type, src) in self._steps:
             raise EventError(f"an upcaster for {type!r} from version {src} is registered twice; keep one")
         self._steps[(type, src)] = (dst, fn)
+        self._chains = {}
         self.current[type] = self._end(type)
 
     def upcaster(
@@ -127,7 +130,26 @@ class Upcasters:
             value = orjson.loads(data) if data else None
         except orjson.JSONDecodeError:
             raise EventError(f"event {what} of type {type!r} needs upcasting but its data is not JSON") from None
+        chain = self._chains.get((type, version)) or self._chain(type, version, target, what)
+        for src, dst, fn in chain:
+            try:
+                value = fn(value)
+            except Exception as exc:
+                raise EventError(f"upcaster {type!r} {src} -> {dst} failed on event {what}: {exc}") from exc
+        version = target
+        try:
+            return version, orjson.dumps(value)
+        except TypeError as exc:
+            raise EventError(f"upcaster for {type!r} to version {version} returned non-JSON data: {exc}") from exc
+
+    def _chain(self, type: str, version: str, target: str, what: str) -> tuple[tuple[str, str, Upcaster], ...]:
+        """The steps ``(from, to, fn)`` from ``version`` to ``target``, remembered
+        per (type, version): a replay looks each chain up once, not per event.
+
+        :raises EventError: a gap in the chain, or a loop."""
+        steps: list[tuple[str, str, Upcaster]] = []
         seen = {version}
+        start = version
         while version != target:
             step = self._steps.get((type, version))
             if step is None:
@@ -136,18 +158,13 @@ class Upcasters:
                     f"{version} towards {target}; register one with Upcasters.register({type!r}, {version!r}, fn)"
                 )
             dst, fn = step
-            try:
-                value = fn(value)
-            except Exception as exc:
-                raise EventError(f"upcaster {type!r} {version} -> {dst} failed on event {what}: {exc}") from exc
             if dst in seen:
                 raise EventError(f"upcasters for {type!r} loop at version {dst}; fix the registrations")
             seen.add(dst)
+            steps.append((version, dst, fn))
             version = dst
-        try:
-            return version, orjson.dumps(value)
-        except TypeError as exc:
-            raise EventError(f"upcaster for {type!r} to version {version} returned non-JSON data: {exc}") from exc
+        chain = self._chains[(type, start)] = tuple(steps)
+        return chain
 
     def upcast_all(self, events: Iterable[Event]) -> list[Event]:
         """:meth:`upcast` each event (a page at a time on the read paths)."""

@@ -327,6 +327,22 @@ class TestSubscribers:
         assert [e.json()["card"] for e in got] == ["4111-1111"] and not is_sealed(got[0])
 
 
+    async def test_bus_from_config_decrypts_with_the_configured_keys(
+        self, tmp_path: Path, keys: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """EventBus.from_config installs the [crypto] keys: its handlers get plaintext without install()."""
+        cfg = config(tmp_path, crypto_of(keys, "k1"))
+        got: list[Event] = []
+        try:
+            async with EventBus.from_config(cfg) as bus:
+                await bus.subscribe(got.append, name="billing")
+                await bus.publish(PayloadCrypto.from_config(cfg).encrypt([sample()]))
+                await wait_for(lambda: len(got) == 1)
+        finally:
+            uninstall()
+        assert got[0].json()["card"] == "4111-1111" and not is_sealed(got[0])
+
+
 async def wait_for(cond: Callable[[], bool], within: float = 5.0) -> None:
     deadline = time.monotonic() + within
     while not cond() and time.monotonic() < deadline:

@@ -13,6 +13,7 @@ import pytest
 from outrelay import Event
 from outrelay.core.errors import EventError, NotFoundError
 from outrelay.core.history import aread_stream, ascan, read_stream, scan
+from outrelay.core.lean import read_lean
 from outrelay.core.replay import Projection, rebuild, replay, replay_many, verify_snapshot
 from outrelay.core.stores.base import Settlement, Store
 from outrelay.core.upcasting import Upcasters
@@ -169,6 +170,34 @@ class TestLean:
         seen: list[str] = []
         replay(store, "s", lambda s, e: seen.append(e.event_version), None, lean=True, upcasters=up)
         assert seen == ["2"] * 50 + ['a"b']
+
+    def test_lean_events_carry_the_whole_envelope_on_demand(self, store: Store) -> None:
+        """A LeanEvent answers every Event attribute (decoded on first access) and to_event() gives
+        the same upcast Event a full read gives; folds that ask nothing of the envelope read only rows."""
+        up = Upcasters()
+        up.register("order.created", "1", lambda d: {"n": d["n"] * 10})
+        store.append(
+            [
+                ev("s", i, minutes=i, event_version="2" if i % 3 else "1", tenant="acme", labels={"k": f"v{i}"})
+                for i in range(7)
+            ]
+            + [ev("s", 7, type="other", correlation_id="c-7", tags=("a", "b"), metadata={"m": "1"})]
+        )
+        full = list(read_stream(store, "s", upcasters=up))
+        lean: list[Any] = replay(store, "s", lambda acc, e: [*acc, e], [], lean=True, upcasters=up).state
+        assert [e.sequence for e in lean] == [e.sequence for e in full]
+        for le, fe in zip(lean[::-1], full[::-1], strict=True):  # the last page's envelopes first
+            assert (le.type, le.event_version, le.data, le.json()) == (fe.type, fe.event_version, fe.data, fe.json())
+            for name in ("id", "time", "tenant", "labels", "tags", "metadata", "correlation_id", "source", "time_text"):
+                assert getattr(le, name) == getattr(fe, name), name
+            got = le.to_event()
+            assert isinstance(got, Event) and got.attributes() == fe.attributes()
+            assert (got.data, got.sequence) == (fe.data, fe.sequence) and le.to_event() is got
+        assert full[0].event_version == "2" and full[0].json() == {"n": 0}  # the v1 event came upcast
+        paged = list(read_lean(store, "s", page=3, upcasters=up))  # envelopes found page by page
+        assert [e.id for e in reversed(paged)] == [e.id for e in reversed(full)]
+        with pytest.raises(AttributeError):
+            _ = lean[0].not_an_event_field
 
     def test_lean_fold_reports_a_missing_step(self, store: Store) -> None:
         """The lean path raises the same EventError for a version with no upcaster path."""

@@ -1,9 +1,16 @@
-"""The shared conformance suite against a real NATS JetStream server."""
+"""The shared conformance suite against a real NATS JetStream server.
+
+The secret and forbidden checks run against a private ``nats-server`` of this
+module (:class:`TestNatsCredentials`) whose authorization block has two users
+sharing one long random password: ``relay`` may publish, ``nopub`` may use
+the JetStream API (it sees the stream) but publish to no subject. The shared
+server has no authorization to test that with.
+"""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -11,9 +18,11 @@ import pytest
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import NATS
+from outrelay.conformance._harness import run_check
 from outrelay.transports.nats._config import NatsConfig, StreamSpec
 from outrelay.transports.nats._transport import NatsTransport
-from tests.peers.nats import StreamFactory
+from tests.peers.conformance_hooks import long_secret
+from tests.peers.nats import NatsServer, StreamFactory, private_nats_server
 from tests.services import free_port
 
 
@@ -62,3 +71,74 @@ class TestNatsConformance(ConformanceSuite):
         self, conformance_target: ConformanceTarget, tmp_path: Path, request: pytest.FixtureRequest
     ) -> None:
         super().test_fault_black_hole_send(conformance_target, tmp_path, request)
+
+
+def _auth_conf(directory: Path, secret: str) -> Path:
+    """A nats-server config: ``relay`` may do anything, ``nopub`` may use the JetStream API but publish
+    to no subject (both ``secret``)."""
+    conf = directory / "auth.conf"
+    conf.write_text(
+        "authorization {\n  users = [\n"
+        f'    {{user: relay, password: "{secret}"}}\n'
+        f'    {{user: nopub, password: "{secret}", permissions: {{publish: {{allow: "$JS.API.>"}}, '
+        'subscribe: {allow: "_INBOX.>"}}}\n'
+        "  ]\n}\n"
+    )
+    return conf
+
+
+@pytest.fixture(scope="module")
+def nats_auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NatsServer, str]]:
+    """A private JetStream server with user/password authorization, and the password."""
+    secret, directory = long_secret(), tmp_path_factory.mktemp("nats-auth")
+    with private_nats_server(directory, args=("-c", str(_auth_conf(directory, secret)))) as server:
+        yield server, secret
+
+
+class TestNatsCredentials:
+    """secret_never_leaks, forbidden_send_permanent, forbidden_check_says_what against the private server."""
+
+    @pytest.fixture
+    def target(self, nats_auth_server: tuple[NatsServer, str]) -> ConformanceTarget:
+        server, secret = nats_auth_server
+        streams = StreamFactory(f"nats://relay:{secret}@127.0.0.1:{server.port}")
+        names: dict[str, str] = {}
+
+        async def provision(name: str) -> str:
+            stream, prefix = await streams("cred", duplicate_window=120)
+            names[f"{prefix}.events"] = stream
+            return f"{prefix}.events"
+
+        def make(subject: str, port: int, user: str = "relay") -> NatsTransport:
+            spec = StreamSpec(name=names.get(subject, "ORC_" + uuid.uuid4().hex[:8].upper()), subjects=(subject,))
+            cfg = NatsConfig(
+                servers=(f"nats://127.0.0.1:{port}",),
+                user=user,
+                password=secret,
+                subject=subject,
+                create_stream=spec,
+                connect_timeout=1,
+                ack_timeout=3,
+            )
+            return NatsTransport(cfg, destination="conformance")
+
+        return ConformanceTarget(
+            make_transport=lambda subject: make(subject, server.port),
+            provision=provision,
+            make_unreachable=lambda subject: make(subject, free_port()),
+            label="nats (private nats-server with user/password authorization)",
+            read_timeout=10.0,
+            make_forbidden=lambda subject: make(subject, server.port, user="nopub"),
+            secret=secret,
+        )
+
+    @pytest.mark.parametrize(
+        "check",
+        [
+            "secret_never_leaks",
+            "forbidden_send_permanent",
+            "forbidden_check_says_what",
+        ],
+    )  # fmt: skip
+    def test_credentials(self, target: ConformanceTarget, check: str, tmp_path: Path) -> None:
+        run_check(target, check, tmp_path)

@@ -6,11 +6,14 @@ import asyncio
 
 import pytest
 
-from outrelay.conformance import ConformanceSuite, ConformanceTarget
+from outrelay.conformance import Binding, ConformanceSuite, ConformanceTarget
 from outrelay.transports.pubsub._config import PubSubConfig
 from outrelay.transports.pubsub._transport import PubSubTransport
 from tests.peers.pubsub_emulator import PROJECT, create_topic
 from tests.services import free_port
+
+#: binary mode as Google's Pub/Sub binding: ``ce-*`` attributes (UTF-8, not percent-encoded), ``content-type``
+PUBSUB_BINDING = Binding("pubsub", prefix="ce-", content_type_header="content-type")
 
 
 class TestPubSubConformance(ConformanceSuite):
@@ -22,10 +25,13 @@ class TestPubSubConformance(ConformanceSuite):
             await asyncio.to_thread(create_topic, pubsub_emulator, name)
             return name
 
-        def make(topic: str, host: str) -> PubSubTransport:
-            cfg = PubSubConfig(project=PROJECT, topic=topic, emulator_host=host, open_timeout=2.0, publish_timeout=8.0)
+        def make(topic: str, host: str, publish_timeout: float = 8.0) -> PubSubTransport:
+            cfg = PubSubConfig(
+                project=PROJECT, topic=topic, emulator_host=host, open_timeout=2.0, publish_timeout=publish_timeout
+            )
             return PubSubTransport(cfg, destination="conformance")
 
+        host, _, port = pubsub_emulator.rpartition(":")
         return ConformanceTarget(
             make_transport=lambda topic: make(topic, pubsub_emulator),
             provision=provision,
@@ -33,4 +39,7 @@ class TestPubSubConformance(ConformanceSuite):
             label="pubsub (official Cloud Pub/Sub emulator)",
             read_timeout=15.0,
             timeout=20.0,
+            binding=PUBSUB_BINDING,
+            upstream=lambda topic: (host or "127.0.0.1", int(port)),
+            make_transport_via=lambda topic, h, p: make(topic, f"{h}:{p}", publish_timeout=4.0),
         )

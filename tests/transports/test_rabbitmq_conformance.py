@@ -1,8 +1,20 @@
-"""The shared conformance suite against a real RabbitMQ broker."""
+"""The shared conformance suite against a real RabbitMQ broker.
+
+When ``rabbitmqctl`` can manage the broker (the local one), every transport of
+the suite logs in as a user created for this module with a long random
+password (the ``secret`` the suite greps for): ``outrelay-conf-<hex>`` with
+full permissions on vhost ``/``, and ``outrelay-conf-<hex>-ro`` (same password)
+with none at all (it connects but may not publish: ``make_forbidden``). Both
+are deleted afterwards. Otherwise the suite runs as the URL's user and the
+secret/forbidden checks skip naming the hook.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -11,6 +23,7 @@ from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import AMQP
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, split_target
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
+from tests.peers.conformance_hooks import long_secret, rabbitmq_users
 from tests.peers.rabbitmq import ExchangeFactory
 from tests.services import free_port
 
@@ -22,12 +35,35 @@ def _netloc(url: str, host: str, port: int) -> str:
     return urlunsplit(parts._replace(netloc=f"{auth}@{host}:{port}" if auth else f"{host}:{port}"))
 
 
+@pytest.fixture(scope="module")
+def rabbitmq_login() -> Iterator[tuple[str, str] | None]:
+    """``(user, password)`` of the module's full-permission user (``user + "-ro"``: no permissions), or None."""
+    if os.environ.get("OUTRELAY_RABBITMQ_URL"):  # rabbitmqctl reaches the local node, not that broker
+        yield None
+        return
+    user, password = f"outrelay-conf-{uuid.uuid4().hex[:8]}", long_secret()
+    users = rabbitmq_users(password, {user: ".*", f"{user}-ro": ""})
+    problem = next(users)
+    yield None if problem else (user, password)
+    next(users, None)
+
+
+def _login(url: str, user: str) -> str:
+    """``url`` with ``user`` as its user and no password (the password goes in the config's SecretStr)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}"))
+
+
 class TestRabbitMQConformance(ConformanceSuite):
     """Every check of the suite, one topic exchange of its own per check."""
 
     @pytest.fixture
-    async def conformance_target(self, rabbitmq_url: str) -> AsyncIterator[ConformanceTarget]:
+    async def conformance_target(
+        self, rabbitmq_url: str, rabbitmq_login: tuple[str, str] | None
+    ) -> AsyncIterator[ConformanceTarget]:
         exchanges = ExchangeFactory(rabbitmq_url)
+        user, secret = rabbitmq_login or ("", None)
+        url = _login(rabbitmq_url, user) if user else rabbitmq_url
 
         async def provision(name: str) -> str:
             return f"{await exchanges('conf')}/events.key"
@@ -35,19 +71,36 @@ class TestRabbitMQConformance(ConformanceSuite):
         def make(target: str, url: str) -> RabbitMQTransport:
             exchange, routing_key = split_target(target)
             cfg = RabbitMQConfig(
-                url=url, exchange=exchange, routing_key=routing_key, connect_timeout=2, confirm_timeout=5
+                url=url,
+                password=secret,
+                exchange=exchange,
+                routing_key=routing_key,
+                connect_timeout=2,
+                confirm_timeout=5,
             )
             return RabbitMQTransport(cfg, destination="conformance")
 
         parts = urlsplit(rabbitmq_url)
         yield ConformanceTarget(
-            make_transport=lambda target: make(target, rabbitmq_url),
+            make_transport=lambda target: make(target, url),
             provision=provision,
-            make_unreachable=lambda target: make(target, f"amqp://guest:guest@127.0.0.1:{free_port()}/"),
-            label="rabbitmq (real RabbitMQ 3.10 broker)",
+            make_unreachable=lambda target: make(target, _netloc(url, "127.0.0.1", free_port())),
+            label="rabbitmq (real RabbitMQ 3.10 broker" + (", users of the run)" if user else ")"),
             read_timeout=10.0,
             upstream=lambda target: (parts.hostname or "127.0.0.1", parts.port or 5672),
-            make_transport_via=lambda target, host, port: make(target, _netloc(rabbitmq_url, host, port)),
+            make_transport_via=lambda target, host, port: make(target, _netloc(url, host, port)),
+            make_forbidden=(lambda target: make(target, _login(rabbitmq_url, f"{user}-ro"))) if user else None,
+            secret=secret,
             binding=AMQP,
         )
         await exchanges.delete_all()
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="defect (rabbitmq): check() only declares the exchange passively, which needs no permission, so "
+        "a user with no write permission on vhost / passes check(); it cannot say what to fix",
+    )
+    def test_forbidden_check_says_what(
+        self, conformance_target: ConformanceTarget, tmp_path: Path, request: pytest.FixtureRequest
+    ) -> None:
+        super().test_forbidden_check_says_what(conformance_target, tmp_path, request)

@@ -1,4 +1,11 @@
-"""The shared conformance suite against a real Redis server (127.0.0.1:6379 or OUTRELAY_REDIS_URL)."""
+"""The shared conformance suite against a real Redis server (127.0.0.1:6379 or OUTRELAY_REDIS_URL).
+
+Every transport of the suite authenticates as an ACL user of its own, created
+on the shared server for the run with a long random password (the ``secret``
+the suite greps for) and deleted afterwards: ``outrelay-conf-<hex>`` may use
+the conformance keys, ``outrelay-conf-<hex>-ro`` (same password) may only
+``PING`` — the transport with credentials that connect but may not publish.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,10 @@ import redis.asyncio as aioredis
 
 from outrelay.conformance import Binding, ConformanceSuite, ConformanceTarget
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport
-from tests.services import free_port
+from tests.peers.conformance_hooks import long_secret
+from tests.services import free_port, need
+
+KEYS = "outrelay-conf:"
 
 
 class TestRedisConformance(ConformanceSuite):
@@ -20,14 +30,25 @@ class TestRedisConformance(ConformanceSuite):
     @pytest.fixture
     async def conformance_target(self, redis_url: str) -> AsyncIterator[ConformanceTarget]:
         keys: list[str] = []
+        secret, user = long_secret(), f"outrelay-conf-{uuid.uuid4().hex[:8]}"
+        admin = aioredis.Redis.from_url(redis_url)
+        try:
+            await admin.execute_command("ACL", "SETUSER", user, "on", f">{secret}", f"~{KEYS}*", "+@all")
+            await admin.execute_command("ACL", "SETUSER", f"{user}-ro", "on", f">{secret}", "~nothing*", "-@all",
+                                        "+ping")  # fmt: skip
+        except aioredis.ResponseError as exc:
+            await admin.aclose()
+            need("Redis ACL SETUSER", f"the server at {redis_url} refused to create a test user: {exc}")
 
         async def provision(name: str) -> str:
-            key = f"outrelay-conf:{uuid.uuid4().hex[:12]}"
+            key = f"{KEYS}{uuid.uuid4().hex[:12]}"
             keys.append(key)
             return key
 
-        def make(key: str, url: str) -> RedisTransport:
-            cfg = RedisConfig(url=url, stream=key, connect_timeout=1.0, socket_timeout=3.0)
+        def make(key: str, url: str, username: str = user) -> RedisTransport:
+            cfg = RedisConfig(
+                url=url, stream=key, username=username, password=secret, connect_timeout=1.0, socket_timeout=3.0
+            )
             return RedisTransport(cfg, destination="conformance")
 
         parts = urlsplit(redis_url)
@@ -35,13 +56,17 @@ class TestRedisConformance(ConformanceSuite):
             make_transport=lambda key: make(key, redis_url),
             provision=provision,
             make_unreachable=lambda key: make(key, f"redis://127.0.0.1:{free_port()}/0"),
-            label="redis (real redis-server)",
+            label="redis (real redis-server, ACL users of the run)",
             read_timeout=5.0,
             upstream=lambda key: (parts.hostname or "127.0.0.1", parts.port or 6379),
             make_transport_via=lambda key, host, port: make(key, urlunsplit(parts._replace(netloc=f"{host}:{port}"))),
+            make_forbidden=lambda key: make(key, redis_url, username=f"{user}-ro"),
+            secret=secret,
             binding=Binding("redis", prefix="ce_"),
         )
-        if keys:
-            client = aioredis.Redis.from_url(redis_url)
-            await client.delete(*keys)
-            await client.aclose()
+        try:
+            if keys:
+                await admin.delete(*keys)
+        finally:
+            await admin.execute_command("ACL", "DELUSER", user, f"{user}-ro")
+            await admin.aclose()

@@ -9,10 +9,12 @@ checks passed there when last run).
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import urlsplit
 
 import pytest
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
+from outrelay.conformance._binding import STRUCTURED
 from outrelay.transports.sqs._transport import SQSConfig, SQSTransport
 from tests.peers.moto import aws_client, aws_options
 
@@ -27,6 +29,8 @@ def target_for(endpoint: str, *, fifo: bool) -> ConformanceTarget:
 
         return await asyncio.to_thread(create)
 
+    parts = urlsplit(endpoint)
+
     return ConformanceTarget(
         make_transport=lambda url: SQSTransport(SQSConfig(queue_url=url, **aws_options(endpoint))),
         provision=provision,
@@ -35,6 +39,11 @@ def target_for(endpoint: str, *, fifo: bool) -> ConformanceTarget:
         ),
         label=f"sqs {'FIFO' if fifo else 'standard'} queue on {endpoint} (moto unless OUTRELAY_AWS_ENDPOINT_URL)",
         read_timeout=10.0,
+        binding=STRUCTURED,
+        upstream=lambda url: (parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)),
+        make_transport_via=lambda url, host, port: SQSTransport(
+            SQSConfig(queue_url=url, **aws_options(f"http://{host}:{port}"), connect_timeout=1, read_timeout=3)
+        ),
     )
 
 

@@ -54,17 +54,29 @@ class HistoryMixin(PostgresParts):
         if where.until is not None:
             sql += " AND time < %s"
             args.append(where.until)
-        rows = self._q(sql + " ORDER BY seq LIMIT %s", (*args, limit))
-        decode = self._event
-        return [decode(*r) for r in rows]
+        rows = self._binary(sql + " ORDER BY seq LIMIT %s", (*args, limit))
+        decode = Event.from_attributes  # jsonb comes decoded (orjson), bytea as bytes
+        return [decode(attrs, data, seq) for seq, attrs, data in rows]
 
     def history_lean(self, stream: str, *, after: int = 0, limit: int = 1000) -> list[tuple[int, str, Any, bytes]]:
-        rows = self._q(
+        # the version is extracted by the server: sending the whole envelope costs more (jsonb to text);
+        # a LeanEvent asked for its envelope reads its page again (outrelay.core.lean)
+        return self._binary(
             f"SELECT seq, type, COALESCE(attrs->>'event_version', '1'), data FROM {self.n.events} "
             "WHERE stream = %s AND seq > %s ORDER BY seq LIMIT %s",
             (stream, after, limit),
         )
-        return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+    def _binary(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        """Rows of ``sql`` in PostgreSQL's binary format: ``bytea`` arrives as
+        raw bytes instead of hex text to decode (measured: half the client CPU
+        of a lean history page)."""
+
+        def fn(cur: Cursor) -> list[Any]:
+            cur.execute(sql, args, binary=True)
+            return cur.fetchall()
+
+        return self._run(fn)
 
     def replay_events(self, destination: str, sequences: Sequence[int], *, now: float) -> int:
         n = self.n

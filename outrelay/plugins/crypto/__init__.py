@@ -75,6 +75,12 @@ def outrelay_receive_transform(consumer: str) -> Callable[[Event], Event] | None
     return None if crypto is None else crypto.decrypt
 
 
+@hookimpl
+def outrelay_bus_configured(config: OutrelayConfig) -> None:
+    if config.crypto is not None:
+        PayloadCrypto.from_config(config).install()
+
+
 def reveal(config: OutrelayConfig, event: Event) -> tuple[Event, str | None]:
     """For operators' views (``outrelay dlq show``): ``event`` decrypted when
     ``config``'s keys can be read and open it, with a note saying what was done.

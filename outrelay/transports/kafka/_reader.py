@@ -28,14 +28,33 @@ __all__ = ["KafkaReader", "decode"]
 
 
 def decode(topic: str, key: bytes | None, value: bytes | None, headers: Any) -> Received:
-    """Rebuild a :class:`Received` from a raw record (binary or structured mode)."""
-    hdrs = {k: (v or b"").decode("utf-8", "replace") for k, v in headers or ()}
+    """Rebuild a :class:`Received` from a raw record (binary or structured mode).
+
+    ``headers`` of the result holds every record header (values decoded as
+    UTF-8, invalid bytes replaced), ``body`` the raw value.
+
+    :raises EventError: the record is not an outrelay CloudEvent.
+    :raises UnicodeDecodeError: the record key is not UTF-8.
+    """
+    known = cloudevents.attribute_names("ce_")
+    hdrs: dict[str, str] = {}
+    attrs: dict[str, str] = {}
+    for k, v in headers or ():  # one pass: values decoded, attributes collected
+        text = v.decode("utf-8", "replace") if v else ""
+        hdrs[k] = text
+        attr = known.get(k)
+        if attr is not None:
+            attrs[attr] = text
+        elif k[:3].lower() == "ce_":  # another spelling, or an extension outrelay does not write
+            attrs[k[3:].lower()] = text
     body = value or b""
     ctype = hdrs.get("content-type")
-    if ctype and ctype.split(";", 1)[0].strip().lower() == cloudevents.STRUCTURED_CONTENT_TYPE:
+    if cloudevents.is_structured(ctype):
         event = cloudevents.from_structured(body)
     else:
-        event = cloudevents.from_binary(hdrs, body, content_type=ctype, prefix="ce_")
+        if ctype and "datacontenttype" not in attrs:
+            attrs["datacontenttype"] = ctype
+        event = cloudevents.from_attributes(attrs, body)  # what from_binary(hdrs, prefix="ce_") does
     return Received(event, topic, key.decode() if key is not None else None, hdrs, body, ctype)
 
 

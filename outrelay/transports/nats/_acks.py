@@ -66,6 +66,7 @@ class AckMux:
         self._prefix_bytes = b""
         self._counter = itertools.count()
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._subjects: dict[str, str] = {}  # token -> subject, to fail what the server refused
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
@@ -91,7 +92,8 @@ class AckMux:
         token = str(next(self._counter))
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[token] = future
-        future.add_done_callback(lambda _: self._pending.pop(token, None))
+        self._subjects[token] = subject
+        future.add_done_callback(lambda _: (self._pending.pop(token, None), self._subjects.pop(token, None)))
         frame = b"HPUB %b %b%b %d %d\r\n%b%b\r\n" % (
             subject.encode(),
             self._prefix_bytes,
@@ -111,6 +113,20 @@ class AckMux:
             future.cancel()
             raise
         return future
+
+    def deny(self, subject: str) -> int:
+        """The server refused publishing to ``subject`` (compared case-insensitively:
+        nats-py lower-cases the error): fail its pending publishes with
+        :class:`~outrelay.transports.nats._errors.PublishDenied`. Returns how many."""
+        from outrelay.transports.nats._errors import PublishDenied
+
+        failed = 0
+        for token, subj in list(self._subjects.items()):
+            future = self._pending.get(token)
+            if future is not None and not future.done() and subj.lower() == subject:
+                future.set_exception(PublishDenied(subj))
+                failed += 1
+        return failed
 
     async def _on_reply(self, msg: Msg) -> None:
         future = self._pending.pop(msg.subject[len(self.prefix) :], None)

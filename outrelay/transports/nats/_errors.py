@@ -10,6 +10,7 @@ the context manager for whole operations (open, check, reader), raising
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,7 +20,7 @@ import nats.js.errors
 from outrelay.core.errors import PermanentError, RetryableError
 from outrelay.core.transport import Rejected, RetryLater, SendResult
 
-__all__ = ["classify", "is_auth_error", "mapped", "result_for"]
+__all__ = ["PublishDenied", "classify", "denied_subject", "is_auth_error", "mapped", "result_for"]
 
 # JetStream API error codes (err_code) that no retry can fix.
 _PERMANENT_CODES = {
@@ -32,6 +33,30 @@ _RETRYABLE_CODES = {
     10070: "order guard: an earlier message to this stream was not stored (lost in a stream leader change, "
     "refused, or another publisher wrote in between), so this one was held back; retried in order",
 }
+
+
+# nats-py lower-cases the server's -ERR text: 'permissions violation for publish to "orders.x"'
+_PUBLISH_DENIED = re.compile(r'permissions violation for publish to "?([^"\s]+)"?')
+
+
+class PublishDenied(nats.errors.Error):
+    """The server refused a publish: the connection's user may not publish to ``subject``."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(subject)
+        self.subject = subject
+
+    def __str__(self) -> str:
+        return f"nats: permissions violation for publish to {self.subject!r}"
+
+
+def denied_subject(exc: BaseException) -> str | None:
+    """The subject of a "permissions violation for publish" the server reported
+    asynchronously (nats-py hands it to ``error_cb``; lower-cased), else None."""
+    if not isinstance(exc, nats.errors.Error):
+        return None
+    m = _PUBLISH_DENIED.search(str(exc))
+    return m.group(1) if m else None
 
 
 def is_auth_error(exc: BaseException) -> bool:
@@ -63,6 +88,11 @@ def classify(exc: BaseException, subject: str | None = None) -> tuple[bool, str]
         return False, f"message exceeds the server's max_payload{on}"
     if is_auth_error(exc):
         return False, "authorization violation: check credentials and the account's publish permissions"
+    if isinstance(exc, PublishDenied):
+        return False, (
+            f"permission denied: the server refused a publish to {exc.subject!r}; grant this user publish "
+            "permission on the subject (server authorization), or use credentials that have it"
+        )
     if isinstance(exc, nats.errors.TimeoutError | asyncio.TimeoutError | nats.js.errors.TooManyStalledMsgsError):
         return True, f"no JetStream ack in time{on} (server slow, restarting or unreachable)"
     if isinstance(exc, nats.errors.NoServersError | ConnectionError | OSError):

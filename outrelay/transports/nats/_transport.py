@@ -51,7 +51,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import nats
@@ -79,7 +80,14 @@ from outrelay.core.transport import (
 from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._chain import WRONG_LAST_MSG_ID, Chain, server_last_id
 from outrelay.transports.nats._config import NatsConfig, StreamSpec, mask_url
-from outrelay.transports.nats._errors import classify, is_auth_error, mapped, result_for
+from outrelay.transports.nats._errors import (
+    PublishDenied,
+    classify,
+    denied_subject,
+    is_auth_error,
+    mapped,
+    result_for,
+)
 
 __all__ = ["NatsConfig", "NatsTransport", "StreamSpec", "connect", "drop_unsent"]
 
@@ -88,11 +96,13 @@ _WILDCARD = re.compile(r"(^|\.)([*>]|)(\.|$)")
 _WHITESPACE = re.compile(r"\s")
 
 
-async def connect(cfg: NatsConfig, destination: str) -> Client:
+async def connect(cfg: NatsConfig, destination: str, on_denied: Callable[[str], Any] | None = None) -> Client:
     """Connect once to the first reachable server, quickly; then reconnect forever.
 
     nats-py retries the *initial* connect until max_reconnect_attempts is used
     up, so connect with one attempt per server and widen it afterwards.
+    ``on_denied(subject)`` is called when the server refuses a publish for lack
+    of permission (it says so asynchronously, and no JetStream ack ever comes).
 
     :raises RetryableError: no server reachable within the bounded time.
     :raises PermanentError: authorization failed, or the server's TLS certificate is not trusted.
@@ -102,6 +112,9 @@ async def connect(cfg: NatsConfig, destination: str) -> Client:
     refused: list[str] = []  # a TLS certificate we do not trust (nats-py only reports it here)
 
     async def on_error(exc: Exception) -> None:
+        subject = denied_subject(exc)
+        if subject is not None and on_denied is not None:
+            on_denied(subject)
         if is_auth_error(exc):
             auth_errors[:] = [exc]
         reason = certificate_refused(exc)
@@ -213,7 +226,8 @@ class NatsTransport(Transport):
         if self._state == "open" and self._nc is not None and not self._nc.is_closed:
             return
         was = self._state
-        nc = await connect(self.cfg, self.destination)
+        box: list[AckMux] = []  # the mux the denial callback fails publishes in (made after connecting)
+        nc = await connect(self.cfg, self.destination, on_denied=lambda subject: box and box[0].deny(subject))
         try:
             if was == "reconnecting" and self._state == "closed":
                 raise UsageError(f"nats transport {self.destination!r} was closed while reconnecting")
@@ -222,6 +236,7 @@ class NatsTransport(Transport):
                 await self._ensure_stream(js, self.cfg.create_stream)
             await self._read_stream_info(js)
             acks = AckMux(nc)
+            box.append(acks)
             with mapped("cannot subscribe to the ack inbox", self.destination):
                 await acks.start()
         except BaseException:
@@ -431,7 +446,8 @@ class NatsTransport(Transport):
         :raises RetryableError: unreachable. :raises PermanentError: no stream.
         """
         was = self._state
-        nc = await connect(self.cfg, self.destination)
+        denied: list[str] = []
+        nc = await connect(self.cfg, self.destination, on_denied=denied.append)
         try:
             if was == "reconnecting" and self._state == "closed":
                 raise UsageError(f"nats transport {self.destination!r} was closed while reconnecting")
@@ -470,11 +486,33 @@ class NatsTransport(Transport):
                 )
             with mapped(f"stream info {stream!r}", self.destination):
                 info = await js.stream_info(stream)
+            await self._probe_publish(nc, probe, denied)
             window = info.config.duplicate_window or 0
             url = mask_url(nc.connected_url.geturl()) if nc.connected_url else self.cfg.where
             return f"{url}: stream {stream!r} takes {probe!r} (dedupe window {window:g}s)"
         finally:
             await nc.close()
+
+    async def _probe_publish(self, nc: Client, subject: str, denied: list[str]) -> None:
+        """Prove the user may publish to ``subject`` without storing anything: a
+        publish whose ``Nats-Expected-Stream`` names no stream is refused by
+        JetStream (an answer: permitted), while a denied publish gets the
+        server's asynchronous permissions violation and no answer.
+
+        :raises PermanentError: publishing is denied. :raises RetryableError: no answer in time.
+        """
+        headers = {"Nats-Expected-Stream": f"outrelay-check-probe-{uuid.uuid4().hex}"}
+        try:
+            await nc.request(subject, b"", timeout=self.cfg.ack_timeout, headers=headers)
+        except (nats.errors.Error, TimeoutError) as exc:
+            await asyncio.sleep(0)  # let a pending error callback run
+            if not denied:
+                retryable, message = classify(exc, subject)
+                cls = RetryableError if retryable else PermanentError
+                raise cls(f"publish probe: {message}", destination=self.destination) from None
+        if denied:
+            retryable, message = classify(PublishDenied(subject))
+            raise PermanentError(f"{self.cfg.where}: {message}", destination=self.destination)
 
     def reader(self, target: str, **options: Any) -> Reader:
         from outrelay.transports.nats._reader import NatsReader

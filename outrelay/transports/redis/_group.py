@@ -54,8 +54,7 @@ class RedisGroup(RedisSubscriber):
         self._claim_at = 0.0
         self._claim_cursor = "0-0"
         self._claim_every = min(1.0, spec.claim_timeout / 3)
-        self._acks: list[tuple[str, str]] = []
-        self._acked: asyncio.Future[None] | None = None
+        self._acks: list[tuple[str, str, asyncio.Future[None]]] = []
         self._ack_task: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._scripts: dict[str, Any] = {}
@@ -96,8 +95,10 @@ class RedisGroup(RedisSubscriber):
         if self._ack_task is not None:  # let acks already sent finish: they are not handed over then
             with contextlib.suppress(BaseException):
                 await self._ack_task
-        if self._acked is not None and not self._acked.done():
-            self._acked.set_result(None)
+        for _, _, done in self._acks:  # never sent (the flush task failed): left to be claimed again
+            if not done.done():
+                done.set_result(None)
+        self._acks.clear()
         ids = self._unacked_ids()
         try:
             with self._errors("XCLAIM (handover)"):
@@ -266,37 +267,44 @@ class RedisGroup(RedisSubscriber):
 
     # -- ack and heartbeat ----------------------------------------------------------------------------------
 
-    async def _ack(self, entry_id: str, stream: str) -> None:
-        """XACK + LREM, coalesced with the acks that arrive while one is in flight."""
+    def _ack(self, entry_id: str, stream: str) -> asyncio.Future[None]:
+        """XACK + LREM, coalesced with the acks that arrive while one is in flight.
+
+        A plain function returning a future (not a coroutine): the ack is queued
+        when called, and ``gather`` over many acks makes no task per ack. The
+        future fails with the :class:`TransportError` of its batch; cancelling
+        it (its awaiter was cancelled) does not take the ack back.
+        """
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._client is None or entry_id not in self._mine:
-            return  # after stop (handed over), or acked already
-        self._acks.append((entry_id, stream))
-        if self._acked is None:
-            self._acked = asyncio.get_running_loop().create_future()
-            self._acked.add_done_callback(lambda f: f.cancelled() or f.exception())
-        done = self._acked
+            done.set_result(None)  # after stop (handed over), or acked already
+            return done
+        self._acks.append((entry_id, stream, done))
         if self._ack_task is None or self._ack_task.done():
             self._ack_task = asyncio.create_task(self._flush_acks(self._client))
-        await asyncio.shield(done)
+        return done
 
     async def _flush_acks(self, client: Any) -> None:
         # stop() waits for this task before it closes the client
         while self._acks and client is not None:
             batch, self._acks = self._acks, []
-            done, self._acked = self._acked, None
-            assert done is not None
             args: list[str] = [self.group, self._prefix]
-            for entry_id, stream in batch:
+            for entry_id, stream, _ in batch:
                 args += (entry_id, stream)
             try:
                 with self._errors("XACK"):
                     await self._scripts["ACK"](keys=[self.key], args=args, client=client)
             except TransportError as exc:
-                done.set_exception(exc)
+                for _, _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                        done.exception()  # retrieved: an ack nobody awaits logs nothing at garbage collection
             else:
-                done.set_result(None)
+                for _, _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
             # acked, or left to be claimed again after claim_timeout (no longer refreshed): at least once
-            for entry_id, _ in batch:
+            for entry_id, _, _ in batch:
                 self._mine.pop(entry_id, None)
 
     async def _refresh_loop(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from redis import exceptions as rx
@@ -26,17 +27,40 @@ from outrelay.transports.redis._errors import map_redis_errors
 __all__ = ["RedisReader", "decode"]
 
 
-def decode(key: str, fields: dict[Any, Any]) -> Received:
-    """Rebuild a :class:`Received` from one stream entry (binary or structured mode)."""
-    raw = {(k.decode() if isinstance(k, bytes) else str(k)): v for k, v in fields.items()}
-    body = raw.pop("data", b"")
-    body = body if isinstance(body, bytes) else str(body).encode()
-    headers = {k: (v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)) for k, v in raw.items()}
+def decode(key: str, fields: Mapping[Any, Any]) -> Received:
+    """Rebuild a :class:`Received` from one stream entry (binary or structured mode).
+
+    ``headers`` holds every field but ``data`` (values decoded as UTF-8, invalid
+    bytes replaced); ``body`` the raw ``data``.
+
+    :raises EventError: the entry is not an outrelay CloudEvent.
+    :raises UnicodeDecodeError: a field name is not UTF-8.
+    """
+    known = cloudevents.attribute_names("ce_")
+    headers: dict[str, str] = {}
+    attrs: dict[str, str] = {}
+    body: Any = b""
+    for k, v in fields.items():  # one pass: names and values decoded, attributes collected
+        name = k.decode() if isinstance(k, bytes) else str(k)
+        if name == "data":
+            body = v
+            continue
+        text = v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+        headers[name] = text
+        attr = known.get(name)
+        if attr is not None:
+            attrs[attr] = text
+        elif name[:3].lower() == "ce_":  # another spelling, or an extension outrelay does not write
+            attrs[name[3:].lower()] = text
+    if not isinstance(body, bytes):
+        body = str(body).encode()
     ctype = headers.get("content-type")
-    if ctype and ctype.split(";", 1)[0].strip().lower() == cloudevents.STRUCTURED_CONTENT_TYPE:
+    if cloudevents.is_structured(ctype):
         event = cloudevents.from_structured(body)
     else:
-        event = cloudevents.from_binary(headers, body, content_type=ctype, prefix="ce_")
+        if ctype and "datacontenttype" not in attrs:
+            attrs["datacontenttype"] = ctype
+        event = cloudevents.from_attributes(attrs, body)  # what from_binary(headers, prefix="ce_") does
     return Received(event, key, event.stream, headers, body, ctype)
 
 

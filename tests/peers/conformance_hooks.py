@@ -1,0 +1,76 @@
+"""Helpers for wiring the conformance kit's v2 hooks to the real test peers.
+
+:func:`skip_fault_checks` states *why* a target declares no ``upstream`` /
+``make_transport_via`` (the fault proxy cannot stay between client and
+broker), instead of the kit's generic "the target declares no upstream".
+:func:`long_secret` makes a password long and random enough that the
+``secret_never_leaks`` grep cannot match by accident; :func:`rabbitmq_users`
+creates (and removes) RabbitMQ users with such a password.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+__all__ = ["long_secret", "rabbitmq_users", "skip_fault_checks"]
+
+
+def skip_fault_checks(request: pytest.FixtureRequest, reason: str) -> None:
+    """Skip the current test with ``reason`` when it is one of the suite's ``test_fault_*`` checks.
+
+    Call it from an autouse fixture of a ``ConformanceSuite`` subclass. It is a skip by declared
+    limitation (not a missing service), so ``OUTRELAY_REQUIRE_SERVICES=1`` does not turn it into a failure.
+    """
+    name = getattr(request.node, "originalname", request.node.name)
+    if name.startswith("test_fault_"):
+        pytest.skip(f"fault proxy not applicable: {reason}")
+
+
+def long_secret(prefix: str = "orsecret") -> str:
+    """A 40+ character random password (letters and digits only: safe in URLs and config files)."""
+    return f"{prefix}{secrets.token_hex(20)}"
+
+
+def _erl(s: str) -> str:
+    """An Erlang binary literal of ``s`` (letters, digits and ``./*^$_-`` only: nothing to escape)."""
+    if not re.fullmatch(r"[A-Za-z0-9./*^$_-]*", s):
+        raise ValueError(f"{s!r} is not safe inside an Erlang binary literal here")
+    return f'<<"{s}">>'
+
+
+def rabbitmq_users(password: str, users: dict[str, str]) -> Iterator[str | None]:
+    """Create RabbitMQ users on the local broker (``rabbitmqctl eval``: one call, ~1 s), each with ``password``
+    and on vhost ``/`` the configure/write/read permission regex given (``""``: none at all); delete them when
+    the generator resumes. Yields ``None`` when they exist, else why not (no local ``rabbitmqctl``, an
+    external broker...): the caller then leaves out the hooks that need them, and those checks skip."""
+    ctl = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
+    acting = _erl("outrelay-tests")
+
+    def run(code: str) -> str | None:
+        try:
+            done = subprocess.run([ctl, "eval", code], capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{ctl}: {exc}"
+        out = (done.stdout + done.stderr).replace(password, "***")  # never echo the secret
+        return None if done.returncode == 0 and "error" not in out.lower() else out.strip()[:300]
+
+    create = ", ".join(
+        f"ok = rabbit_auth_backend_internal:add_user({_erl(u)}, {_erl(password)}, {acting}), "
+        f"ok = rabbit_auth_backend_internal:set_permissions({_erl(u)}, {_erl('/')}, "
+        f"{_erl(perm)}, {_erl(perm)}, {_erl(perm)}, {acting})"
+        for u, perm in users.items()
+    )
+    problem = run(create + ".")
+    if problem is not None:
+        yield f"cannot create the test users with {ctl}: {problem}"
+        return
+    try:
+        yield None
+    finally:
+        run(", ".join(f"rabbit_auth_backend_internal:delete_user({_erl(u)}, {acting})" for u in users) + ".")

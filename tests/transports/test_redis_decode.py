@@ -1,0 +1,68 @@
+"""What a Redis group member makes of entries a foreign producer wrote: malformed CloudEvent
+attributes come back as errors (for the dead-letter queue), well-formed ones as events."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from outrelay import Event
+from outrelay.core import cloudevents
+from outrelay.core.subscription import Inbound, SubscriptionSpec
+from outrelay.transports.redis._transport import RedisConfig, RedisTransport
+
+GOOD = Event(type="order.created", stream="o-1", data=b"{}", content_type="application/json", tenant="acme")
+
+# attribute -> a malformed value, and what the error must name
+MALFORMED = [
+    ("ce_time", "noon", "event time 'noon' is not RFC 3339"),
+    ("ce_labels", "{not json", "attribute 'labels' is not JSON"),
+    ("ce_sequence", "x", "attribute 'sequence' = 'x' is not an integer"),
+    ("ce_type", "no spaces allowed", "event type 'no spaces allowed' is invalid"),
+    ("ce_tenantid", "a\x1b[2Jb", "event tenant contains U+001B"),
+    ("ce_id", b"\xff\xfe", "event id '\ufffd\ufffd' is invalid"),  # not UTF-8: replaced, then refused
+]
+
+
+@pytest.fixture
+async def transport(redis_url: str) -> AsyncIterator[RedisTransport]:
+    key = f"outrelay-test:decode:{uuid.uuid4().hex[:10]}"
+    t = RedisTransport(RedisConfig(url=redis_url, stream=key), destination="r")
+    await t.open()
+    yield t
+    await t.close()
+    client = aioredis.Redis.from_url(redis_url)
+    keys = [k async for k in client.scan_iter(match=key + "*", count=1000)]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+async def test_malformed_attributes_are_errors_and_good_events_decode(transport: RedisTransport) -> None:
+    """Each malformed entry is an Inbound with the reason and its ordering key; good ones decode whole."""
+    b = transport.subscription(SubscriptionSpec(target=transport.cfg.stream, group="g", member="m"))
+    await b.start()
+    fields: dict[str, str | bytes] = {**cloudevents.binary_headers(GOOD, "ce_"), "content-type": "application/json"}
+    client = aioredis.Redis.from_url(transport.cfg.url)
+    for name, value, _ in MALFORMED:
+        await client.xadd(transport.cfg.stream, {**fields, name: value, "ce_streamid": f"bad-{name}", "data": b"{}"})
+    await client.xadd(transport.cfg.stream, {**fields, "data": b"{}"})
+    await client.aclose()
+    got: list[Inbound] = []
+    deadline = time.monotonic() + 10
+    while len(got) < len(MALFORMED) + 1 and time.monotonic() < deadline:
+        for m in await b.receive(10, 0.2):
+            got.append(m)
+            await m.ack()
+    await b.stop()
+    assert len(got) == len(MALFORMED) + 1
+    for m, (name, _, reason) in zip(got, MALFORMED, strict=False):
+        assert m.received is None and m.stream == f"bad-{name}"
+        assert m.error is not None and reason in m.error and "\n" not in m.error
+    last = got[-1].received
+    assert last is not None and last.event == GOOD and last.event.time_text == GOOD.time_text
+    assert last.headers["ce_tenantid"] == "acme" and "data" not in last.headers
