@@ -218,7 +218,6 @@ def read_lean_pages(
         add = out.append
         lazy: _Page | None = None
         for seq, type_, version, data in rows:
-            env = None
             if type(version) is not str:  # the envelope came in place of the version
                 env = version
                 target = current.get(type_)

@@ -87,11 +87,25 @@ async def _faults(relay: Relay, cluster: NatsCluster, stream: str, total: int) -
     return done
 
 
+async def _stored(urls: list[str], stream: str) -> int:
+    """How many messages the stream holds, as its leader says (retried through an election)."""
+    nc = await nats.connect(servers=urls, connect_timeout=2)
+    try:
+        for _ in range(40):
+            try:
+                return int((await nc.jetstream(timeout=2).stream_info(stream)).state.messages)
+            except (TimeoutError, nats.errors.Error):
+                await asyncio.sleep(0.5)
+        raise AssertionError(f"stream {stream} never answered stream info")
+    finally:
+        await nc.close()
+
+
 async def _read_back(urls: list[str], prefix: str, stream: str, count: int) -> list[Received]:
     reader = NatsTransport(NatsConfig(servers=tuple(urls))).reader(f"{prefix}.>", stream=stream, deliver="all")
     got: list[Received] = []
     async with reader:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # generous: the machine may be busy, and this only bounds a failure
         while len({g.event.id for g in got}) < count and time.monotonic() < deadline:
             got += await reader.read(5000, 2.0)
         got += await reader.read(100, 0.3)
@@ -142,6 +156,9 @@ async def test_relay_through_stepdowns_and_kills(
     elapsed = time.monotonic() - started
     assert summary.remaining == 0 and summary.dead_lettered == 0, summary.counts
     assert len(faults) >= 3, f"too few faults landed: {faults}"
+    stored = await _stored(nats_cluster.urls, name)
+    # the relay's Delivered means the stream stored it (no duplicate is stored: Nats-Msg-Id dedupe)
+    assert stored >= EVENTS, f"the stream holds {stored} messages after {EVENTS} events were confirmed"
     got = await _read_back(nats_cluster.urls, prefix, name, EVENTS)
     assert_complete_and_ordered(events, got, exactly_once=False)
     duplicates = len(got) - EVENTS

@@ -38,7 +38,8 @@ async def _stream(url: str, **config: Any) -> AsyncIterator[tuple[str, str]]:
 
 
 async def _stored(url: str, name: str) -> list[str]:
-    """The Nats-Msg-Id of every message in stream ``name``, in stream order."""
+    """The event id (``ce-id``) of every message in stream ``name``, in stream order (the Nats-Msg-Id of a
+    re-sent refused message is ``<event id>.r<n>``)."""
     nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=1)
     try:
         js = nc.jetstream()
@@ -48,7 +49,7 @@ async def _stored(url: str, name: str) -> list[str]:
             if info.state.messages == 0:
                 break
             msg = await js.get_msg(name, seq)
-            out.append((msg.headers or {}).get("Nats-Msg-Id", ""))
+            out.append((msg.headers or {}).get("ce-id", ""))
         return out
     finally:
         await nc.close()
@@ -153,3 +154,35 @@ def test_chain_links_and_resyncs() -> None:
     assert server_last_id("wrong last msg ID: 42ab") == "42ab"
     assert server_last_id("wrong last msg ID: ") == ""
     assert server_last_id("wrong last sequence: 3") is None
+
+
+def test_a_duplicate_ack_without_a_sequence_is_retried_under_a_new_message_id() -> None:
+    """nats-server 2.9 in a cluster stages a message id when the leader proposes the message and keeps it when
+    the message is refused at apply time; a re-send is then acked "duplicate" with seq 0 although nothing was
+    stored. That ack is RetryLater, and the next attempt goes out under a new Nats-Msg-Id; a real duplicate
+    (seq > 0) is Delivered and the event's own id comes back."""
+    t = NatsTransport(NatsConfig(subject="ev.{stream}"))
+    ev = Event(type="t", stream="s")
+    m = Message(ev, t.target(ev), ev.stream)
+    first = t._prepare(m)
+    assert isinstance(first, dict) and first["Nats-Msg-Id"] == ev.id
+    assert isinstance(t._acked(m, {"stream": "S", "seq": 0, "duplicate": True}), RetryLater)
+    again = t._prepare(m)
+    assert isinstance(again, dict) and again["Nats-Msg-Id"] == f"{ev.id}.r1"
+    assert t._acked(m, {"stream": "S", "seq": 7, "duplicate": True}) == Delivered(duplicate=True)
+    after = t._prepare(m)
+    assert isinstance(after, dict) and after["Nats-Msg-Id"] == ev.id
+
+
+def test_a_refused_publish_is_resent_under_a_new_message_id() -> None:
+    """A JetStream refusal (here: the order guard's wrong last message id) leaves the message id staged on a
+    clustered stream, so the re-send uses a new one."""
+    t = NatsTransport(NatsConfig(subject="ev.{stream}"))
+    ev = Event(type="t", stream="s")
+    m = Message(ev, t.target(ev), ev.stream)
+    refused = nats.js.errors.APIError(code=400, err_code=10070, description="wrong last msg ID: x")
+    assert isinstance(t._failed(m, refused), RetryLater)
+    again = t._prepare(m)
+    assert isinstance(again, dict) and again["Nats-Msg-Id"] == f"{ev.id}.r1"
+    assert isinstance(t._failed(m, TimeoutError()), RetryLater)  # unknown outcome: keep the id
+    assert t._prepare(m) == again

@@ -3,7 +3,14 @@
 Each event becomes one JetStream message on ``subject`` (a Template) with
 
 * ``Nats-Msg-Id`` = event id, so the stream's duplicate window drops a
-  re-send; the ack's ``duplicate`` flag is reported as ``Delivered(duplicate=True)``;
+  re-send; the ack's ``duplicate`` flag is reported as ``Delivered(duplicate=True)``
+  — unless it names no stream sequence: a clustered stream (nats-server 2.9)
+  records a message id when the leader *proposes* the message, and keeps it
+  when the message is then refused at apply time (order guard, ``discard =
+  new``), so a re-send is acked "duplicate" with sequence 0 although nothing
+  was stored. Such an ack, and any JetStream refusal, is RetryLater, and the
+  event is re-sent under a new message id (``<event id>.r<n>``) that the
+  stale entry cannot shadow (a copy may then be stored twice: at least once);
 * the CloudEvents binary headers of the NATS binding: every attribute as a
   ``ce-*`` header, ``ce-datacontenttype`` included, values percent-encoded
   (non-ASCII, space, ``"``, ``%``); ``Content-Type`` repeats the data's type
@@ -72,6 +79,7 @@ from outrelay.core.transport import (
     Message,
     Reader,
     Rejected,
+    RetryLater,
     SendResult,
     Transport,
     send_in_key_order,
@@ -152,13 +160,16 @@ async def connect(cfg: NatsConfig, destination: str, on_denied: Callable[[str], 
     return nc
 
 
-def _ack_outcome(m: Message, ack: asyncio.Future[dict[str, Any]]) -> SendResult:
-    if ack.cancelled():  # no ack within ack_timeout
-        return result_for(TimeoutError(), m.target)
-    error = ack.exception()
-    if error is not None:
-        return result_for(error, m.target)
-    return Delivered(duplicate=bool(ack.result().get("duplicate")))
+_REISSUE_LIMIT = 100_000  # event ids remembered for re-issuing (a few MB at most)
+_PHANTOM = (
+    "the stream acked a re-send as a duplicate of a message it never stored (sequence 0: its id was staged "
+    "by a refused publish); re-sent under a new message id"
+)
+
+
+def _delivered(ack: dict[str, Any]) -> bool:
+    """An ack that proves the message is stored: not a "duplicate" of sequence 0 (see the module docstring)."""
+    return not ack.get("duplicate") or bool(ack.get("seq"))
 
 
 def drop_unsent(nc: Client) -> int:
@@ -197,6 +208,8 @@ class NatsTransport(Transport):
         self._dedupe_window: float | None = spec.duplicate_window if spec else None
         self._chain: Chain | None = None  # the order guard (see _chain.py), decided at open
         self._inflight: dict[str, tuple[int, asyncio.Future[dict[str, Any]]]] = {}  # guarded, by msg id
+        #: event id -> how many times it was re-issued under a new message id (see the module docstring)
+        self._reissued: dict[str, int] = {}
 
     @property
     def capabilities(self) -> Capabilities:
@@ -327,7 +340,7 @@ class NatsTransport(Transport):
         return await send_pipelined(
             batch,
             start,
-            _ack_outcome,
+            self._ack_outcome,
             timeout=self.cfg.ack_timeout,
             destination=self.destination,
             log=log,
@@ -345,7 +358,8 @@ class NatsTransport(Transport):
             return Rejected(f"invalid subject {m.target!r}: NATS subjects cannot contain whitespace")
         # the NATS binding: every attribute a ce-* header (ce-datacontenttype too), values percent-encoded
         headers = cloudevents.binary_headers(m.event, content_type=True, percent=True)
-        headers["Nats-Msg-Id"] = m.event.id
+        reissued = self._reissued.get(m.event.id)
+        headers["Nats-Msg-Id"] = m.event.id if reissued is None else f"{m.event.id}.r{reissued}"
         if m.event.content_type:
             headers["Content-Type"] = m.event.content_type
         if self.cfg.expected_stream:
@@ -360,7 +374,7 @@ class NatsTransport(Transport):
         chain = self._chain
         if chain is None:
             return await acks.publish(m.target, m.event.data, headers)
-        msg_id = m.event.id
+        msg_id = headers["Nats-Msg-Id"]
         headers["Nats-Expected-Stream"] = chain.stream  # a subject of another stream: refused, not a broken chain
         previous, generation = chain.link(msg_id)  # no await between linking and writing
         if previous is not None:
@@ -432,8 +446,33 @@ class NatsTransport(Transport):
             async with asyncio.timeout(self.cfg.ack_timeout):
                 ack = await (await self._write(acks, m, prepared))
         except (TimeoutError, nats.errors.Error, OSError) as exc:
-            return result_for(exc, m.target)
+            return self._failed(m, exc)
+        return self._acked(m, ack)
+
+    def _ack_outcome(self, m: Message, ack: asyncio.Future[dict[str, Any]]) -> SendResult:
+        if ack.cancelled():  # no ack within ack_timeout
+            return result_for(TimeoutError(), m.target)
+        error = ack.exception()
+        if error is not None:
+            return self._failed(m, error)
+        return self._acked(m, ack.result())
+
+    def _acked(self, m: Message, ack: dict[str, Any]) -> SendResult:
+        if not _delivered(ack):
+            self._reissue(m.event.id)
+            return RetryLater(_PHANTOM)
+        self._reissued.pop(m.event.id, None)
         return Delivered(duplicate=bool(ack.get("duplicate")))
+
+    def _failed(self, m: Message, exc: BaseException) -> SendResult:
+        if isinstance(exc, nats.js.errors.APIError):  # refused, so its staged message id must not shadow a re-send
+            self._reissue(m.event.id)
+        return result_for(exc, m.target)
+
+    def _reissue(self, event_id: str) -> None:
+        self._reissued[event_id] = self._reissued.pop(event_id, 0) + 1
+        while len(self._reissued) > _REISSUE_LIMIT:  # forget the oldest (dicts keep insertion order)
+            del self._reissued[next(iter(self._reissued))]
 
     # -- probes --------------------------------------------------------------
 

@@ -27,6 +27,12 @@ from outrelay.transports.redis._errors import map_redis_errors
 __all__ = ["RedisReader", "decode"]
 
 
+# field name as the transport writes it (bytes from redis-py; str with decode_responses) -> (name, attribute or "")
+_FIELDS: dict[Any, tuple[str, str]] = {}
+for _name, _attr in [*cloudevents.attribute_names("ce_").items(), ("content-type", ""), ("data", "")]:
+    _FIELDS[_name] = _FIELDS[_name.encode()] = (_name, _attr)
+
+
 def decode(key: str, fields: Mapping[Any, Any]) -> Received:
     """Rebuild a :class:`Received` from one stream entry (binary or structured mode).
 
@@ -36,22 +42,23 @@ def decode(key: str, fields: Mapping[Any, Any]) -> Received:
     :raises EventError: the entry is not an outrelay CloudEvent.
     :raises UnicodeDecodeError: a field name is not UTF-8.
     """
-    known = cloudevents.attribute_names("ce_")
     headers: dict[str, str] = {}
     attrs: dict[str, str] = {}
     body: Any = b""
     for k, v in fields.items():  # one pass: names and values decoded, attributes collected
-        name = k.decode() if isinstance(k, bytes) else str(k)
+        hit = _FIELDS.get(k)
+        if hit is not None:
+            name, attr = hit
+        else:  # another spelling, an extension outrelay does not write, or a foreign field
+            name = k.decode() if isinstance(k, bytes) else str(k)
+            attr = name[3:].lower() if name[:3].lower() == "ce_" else ""
         if name == "data":
             body = v
             continue
         text = v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
         headers[name] = text
-        attr = known.get(name)
-        if attr is not None:
+        if attr:
             attrs[attr] = text
-        elif name[:3].lower() == "ce_":  # another spelling, or an extension outrelay does not write
-            attrs[name[3:].lower()] = text
     if not isinstance(body, bytes):
         body = str(body).encode()
     ctype = headers.get("content-type")
