@@ -260,7 +260,7 @@ class ConformanceSuite:
         run_check(conformance_target, "reopen_after_close", tmp_path, request.node)
 
     def test_sockets_released(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
-        """Five open/send/close cycles and two check() calls on new transport instances leave no more sockets or files
+        """Three open/send/close cycles and two check() calls on new transport instances leave no more sockets or files
         open than before (counted in /proc/self/fd)."""
         run_check(conformance_target, "sockets_released", tmp_path, request.node)
 
