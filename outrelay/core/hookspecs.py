@@ -67,6 +67,16 @@ def outrelay_relay_stopped(relay: Any) -> None:
 
 
 @hookspec
+def outrelay_routed(count: int, started: float, finished: float) -> None:
+    """The router marked ``count`` (> 0) appended events for their destinations
+    in one pass, between ``started`` and ``finished`` (``time.time()``).
+
+    Called once per routing pass that routed something; must not block (the
+    tracing plugin records its ``outrelay.route`` span here).
+    """
+
+
+@hookspec
 def outrelay_batch_settled(
     destination: str,
     messages: Sequence[Message],

@@ -284,8 +284,11 @@ class Relay:
             self._route_wake.clear()
             self._route_busy = True
             try:
-                n = await self.db(self.store.route, route, cfg.route_batch, time.time())
+                started = time.time()
+                n = await self.db(self.store.route, route, cfg.route_batch, started)
                 store_delay = 0.5
+                if n:
+                    self.hook.outrelay_routed(count=n, started=started, finished=time.time())
             except StoreError as exc:  # database down or locked: wait and try again, nothing is lost
                 log.warning("router: outbox unavailable (%s); retrying in %.1fs", exc, store_delay)
                 n = 0

@@ -10,6 +10,9 @@ spans around handlers) live in :mod:`outrelay.core.tracecontext`.
 Spans per batch a destination sends, recorded after settlement with the
 batch's real start and end times (the send path itself runs no tracing code)::
 
+    outrelay.route   INTERNAL  one routing pass (attribute outrelay.routed_events);
+                               routing is one SQL statement over rows it does not
+                               decode, so it starts its own trace, unlinked
     outrelay.claim   INTERNAL  claiming the batch; links to every producer's span
     outrelay.send    PRODUCER  one per event that carries a traceparent, child of
                                the producer's span (the span current at append),
@@ -142,6 +145,19 @@ def outrelay_batch_settled(
         _record_batch(destination, messages, results, timeline)
     except Exception as exc:  # a tracing bug must not cost the other plugins (metrics) their call
         log.warning("tracing: spans of a batch to %s were not recorded: %s: %s", destination, type(exc).__name__, exc)
+
+
+@hookimpl
+def outrelay_routed(count: int, started: float, finished: float) -> None:
+    if not tracecontext.active:
+        return
+    try:
+        span = tracecontext.tracer().start_span(
+            "outrelay.route", attributes={"outrelay.routed_events": count}, start_time=int(started * 1e9)
+        )
+        span.end(end_time=int(finished * 1e9))
+    except Exception as exc:  # a tracing bug must not stop routing
+        log.warning("tracing: a route span was not recorded: %s: %s", type(exc).__name__, exc)
 
 
 def _outcome(result: SendResult) -> tuple[str, str | None]:

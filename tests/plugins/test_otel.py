@@ -157,6 +157,9 @@ class TestRelaySpans:
             assert linked == {pctx.span_id}, name
         claims = {s.context.span_id for s in tracing.spans("outrelay.claim")}
         assert all(link.context.span_id in claims for s in sends for link in s.links)
+        routes = tracing.spans("outrelay.route")  # routing passes: every appended event routed once
+        assert routes and sum(int((r.attributes or {})["outrelay.routed_events"]) for r in routes) == 3
+        assert all(r.start_time is not None and r.end_time is not None and r.start_time <= r.end_time for r in routes)
 
     async def test_postgres_outbox_carries_the_context_too(self, pg_schema: str, tracing: Tracing) -> None:
         """With a PostgreSQL outbox (its own claim path), the send span still has the producer as parent
