@@ -1,11 +1,12 @@
 """Relay throughput SQLite -> RabbitMQ next to raw aio-pika with confirms, same broker, same run.
 
-    .venv/bin/python benchmarks/bench_rabbitmq.py [--count 100000] [--streams 100] [--size 1024]
+    .venv/bin/python benchmarks/bench_rabbitmq.py [--count 100000] [--streams 100] [--size 1024] [--queue-type quorum]
 
 Uses ``OUTRELAY_RABBITMQ_URL`` (default ``amqp://guest:guest@127.0.0.1:5672/``).
 Each run declares a fresh topic exchange bound to one queue capped with
 ``x-max-length`` (drop-head, so broker memory stays bounded), deleted at the
-end. Prints events/s for:
+end; ``--queue-type quorum`` makes it a quorum queue (the replicated type;
+one node here). Prints events/s for:
 
 * raw:   one confirm channel, ``exchange.publish(mandatory=True)`` pipelined
          in windows of ``--window`` (all confirms awaited), the same 1 KB
@@ -40,14 +41,15 @@ def make_events(count: int, streams: int, size: int) -> list[Event]:
     return [Event(type="bench.rabbitmq", stream=f"s{i % streams}", data=payload) for i in range(count)]
 
 
-async def declare(url: str) -> tuple[str, str]:
+async def declare(url: str, queue_type: str = "classic") -> tuple[str, str]:
     tag = uuid.uuid4().hex[:8]
     exchange, queue = f"bench-{tag}", f"bench-{tag}"
     conn = await aio_pika.connect(url)
     async with conn:
         channel = await conn.channel()
         ex = await channel.declare_exchange(exchange, "topic")
-        q = await channel.declare_queue(queue, arguments={"x-max-length": 10_000, "x-overflow": "drop-head"})
+        arguments = {"x-max-length": 10_000, "x-overflow": "drop-head", "x-queue-type": queue_type}
+        q = await channel.declare_queue(queue, durable=queue_type == "quorum", arguments=arguments)
         await q.bind(ex, "#")
     return exchange, queue
 
@@ -102,12 +104,13 @@ async def main() -> None:
     )
     ap.add_argument("--encode-in-raw", action="store_true", help="time the raw client's message building too")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the memory-transport engine run")
+    ap.add_argument("--queue-type", choices=["classic", "quorum"], default="classic", help="the bound queue's type")
     args = ap.parse_args()
 
     url = os.environ.get("OUTRELAY_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
     events = make_events(args.count, args.streams, args.size)
     n = len(events)
-    exchange, queue = await declare(url)
+    exchange, queue = await declare(url, args.queue_type)
     try:
         t_raw = await raw(url, exchange, events, args.window, args.encode_in_raw)
         dest = {
@@ -121,7 +124,10 @@ async def main() -> None:
         t_raw2 = await raw(url, exchange, events, args.window, args.encode_in_raw)
     finally:
         await delete(url, exchange, queue)
-    print(f"rabbitmq @ {url.split('@')[-1]}, {n} events x {args.size} B, {args.streams} streams, confirms, persistent")
+    print(
+        f"rabbitmq @ {url.split('@')[-1]}, {n} events x {args.size} B, {args.streams} streams, confirms, persistent, "
+        f"{args.queue_type} queue"
+    )
     what = "incl. encoding" if args.encode_in_raw else "pre-encoded"
     print(f"  raw aio-pika publish pipelined (confirms): {raw_line(n, t_raw, t_raw2)}, {what}")
     print(f"  outrelay relay -> rabbitmq               : {n / t_relay:10.0f} ev/s ({t_relay:.2f} s)")
