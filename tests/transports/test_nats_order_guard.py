@@ -118,7 +118,13 @@ async def test_auto_guards_only_where_needed(
     take k+1 (replicated, or discard = new); the headers show it."""
     async with _stream(nats_url, storage=nats.js.api.StorageType.MEMORY, **stream_config) as (name, prefix):
         t = NatsTransport(
-            NatsConfig(servers=(nats_url,), subject=prefix + ".{stream}", expected_stream=name, pipeline=pipeline)
+            NatsConfig(
+                servers=(nats_url,),
+                subject=prefix + ".{stream}",
+                expected_stream=name,
+                pipeline=pipeline,
+                order_guard="auto",
+            )
         )
         await t.open()
         try:
