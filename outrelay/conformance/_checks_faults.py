@@ -67,10 +67,7 @@ async def _proxy_for(ctx: Context, target: str) -> TcpProxy:
 
 def _via(ctx: Context, target: str, proxy: TcpProxy) -> Transport:
     assert ctx.ct.make_transport_via is not None
-    t = ctx.ct.make_transport_via(target, "127.0.0.1", proxy.port)
-    if not isinstance(t, Transport):
-        raise CheckFailed(f"make_transport_via returned {type(t).__name__}, not an outrelay.Transport")
-    return ctx.adopt(t)
+    return ctx.adopt_made("make_transport_via", ctx.ct.make_transport_via(target, "127.0.0.1", proxy.port))
 
 
 async def rig(ctx: Context, *, warm: bool = True) -> FaultRig:

@@ -24,10 +24,7 @@ def _unreachable(ctx: Context, target: str) -> Transport:
     make = ctx.ct.make_unreachable
     if make is None:
         raise CheckSkipped("no make_unreachable given: cannot point the transport at a broker that is down")
-    t = make(target)
-    if not isinstance(t, Transport):
-        raise CheckFailed(f"make_unreachable returned {type(t).__name__}, not an outrelay.Transport")
-    return ctx.adopt(t)
+    return ctx.adopt_made("make_unreachable", make(target))
 
 
 @check

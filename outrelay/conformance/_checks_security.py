@@ -170,10 +170,7 @@ def _forbidden(ctx: Context, target: str) -> Transport:
     make = ctx.ct.make_forbidden
     if make is None:
         raise CheckSkipped("the target declares no make_forbidden")
-    t = make(target)
-    if not isinstance(t, Transport):
-        raise CheckFailed(f"make_forbidden returned {type(t).__name__}, not an outrelay.Transport")
-    return ctx.adopt(t)
+    return ctx.adopt_made("make_forbidden", make(target))
 
 
 @check

@@ -164,6 +164,14 @@ class Context:
         self._transports.append(t)
         return t
 
+    def adopt_made(self, hook: str, made: object) -> Transport:
+        """Adopt what the target's factory ``hook`` (``make_unreachable``, ``make_forbidden``, ...) returned.
+
+        :raises CheckFailed: it is not an outrelay Transport."""
+        if not isinstance(made, Transport):
+            raise CheckFailed(f"{hook} returned {type(made).__name__}, not an outrelay.Transport")
+        return self.adopt(made)
+
     def on_close(self, cleanup: Callable[[], Awaitable[None]]) -> None:
         """Await ``cleanup()`` when the check ends, after its transports closed (a fault proxy, a server)."""
         self._cleanups.append(cleanup)
