@@ -16,12 +16,12 @@ import pytest
 
 from outrelay import Event, EventBus, Outbox, Relay, parse_config
 from outrelay.core import cloudevents
+from outrelay.core._copy import copier
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.consumer_dlq import ConsumerDeadLetters
 from outrelay.core.errors import ConfigError, EventError, MissingExtraError
 from outrelay.core.subscriber import Subscription
 from outrelay.plugins.crypto import ENCRYPTED_CONTENT_TYPE, PayloadCrypto, is_sealed, reveal, uninstall
-from outrelay.plugins.crypto._copy import copier
 from outrelay.plugins.crypto._keys import Keyring
 from outrelay.plugins.crypto._seal import Opener, Sealer
 from outrelay.transports.memory import MemoryTransport

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 
+from outrelay.core._copy import copier
 from outrelay.core.config import CryptoConfig, CryptoRule, OutrelayConfig
 from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError
 from outrelay.core.segments import RejectedTarget
 from outrelay.core.transport import Message
-from outrelay.plugins.crypto._copy import copier
 from outrelay.plugins.crypto._keys import Keyring
 from outrelay.plugins.crypto._seal import ENCRYPTED_CONTENT_TYPE, Opener, Sealer
 
