@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import time
+import traceback
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -15,7 +16,15 @@ from outrelay.core import cloudevents
 from outrelay.transports.webhook._transport import classify, parse_retry_after
 from outrelay.transports.webhook.receiver import WebhookReceiver, WebhookRequest
 from tests.services import free_port
-from tests.transports.webhook_support import SECRET, event, make_transport, messages
+from tests.transports.webhook_support import (
+    OTHER_SECRET,
+    SECRET,
+    RawServer,
+    answer_bytes,
+    event,
+    make_transport,
+    messages,
+)
 
 
 @pytest.fixture
@@ -277,12 +286,6 @@ class TestLifecycle:
         with pytest.raises(UsageError):
             await t.send(messages(t, [event()]))
 
-    async def test_check_reports_reachability(self, receiver: WebhookReceiver) -> None:
-        """check() probes the endpoint without posting an event and says it is reachable."""
-        line = await make_transport(receiver.url + "/hook").check()
-        assert "reachable" in line and "/hook" in line and "\n" not in line
-        assert receiver.requests[0].method == "HEAD" and receiver.events() == []
-
     async def test_check_connection_refused_is_retryable_error(self) -> None:
         """check() against a closed port raises RetryableError saying how to fix it."""
         with pytest.raises(RetryableError, match=r"cannot reach .* check the URL"):
@@ -330,6 +333,93 @@ class TestLifecycle:
         with pytest.raises(ValidationError) as info2:
             make_transport("https://x", headers={"X-Token": "tok3n\n"})
         assert "sup3r" not in str(info.value) and "tok3n" not in str(info2.value)
+
+
+def _everything_shown(exc: BaseException) -> str:
+    """str, repr and the formatted traceback of ``exc``: all a user could see of it."""
+    return "\n".join([str(exc), repr(exc), *traceback.format_exception(exc)])
+
+
+class TestCheck:
+    @pytest.mark.parametrize("mode", ["structured", "binary"])
+    async def test_signed_ping_accepted_by_a_receiver_with_the_right_secret(
+        self, receiver: WebhookReceiver, mode: str
+    ) -> None:
+        """check() POSTs an outrelay.check event signed and encoded as send would; the receiver verifies and
+        acknowledges it itself, never handing it to respond() or events()."""
+        receiver.respond = lambda req: 500  # the application's policy: a ping must not reach it
+        line = await make_transport(receiver.url + "/hook", mode=mode).check()
+        assert "accepted a signed ping" in line and "/hook" in line and f"{mode} mode" in line and "\n" not in line
+        [req] = receiver.requests
+        assert req.method == "POST" and req.path == "/hook" and req.verified and req.ping and req.status == 204
+        assert req.event is not None and req.event.type == "outrelay.check" and "webhook-signature" in req.headers
+        assert req.headers["webhook-id"] == req.event.id
+        if mode == "binary":
+            assert req.headers["ce-type"] == "outrelay.check" and req.headers["content-type"] == "application/json"
+        else:
+            assert req.headers["content-type"] == cloudevents.STRUCTURED_CONTENT_TYPE
+        assert receiver.events(accepted_only=False) == [] and receiver.accepted() == []
+
+    async def test_wrong_secret_is_a_one_line_permanent_error_without_the_secret(
+        self, receiver: WebhookReceiver
+    ) -> None:
+        """A ping signed with a secret the receiver rejects (401) raises PermanentError: one line saying to check
+        the signing secret, with neither secret in its message, repr or traceback."""
+        with pytest.raises(PermanentError) as info:
+            await make_transport(receiver.url + "/hook", secret=OTHER_SECRET).check()
+        text = str(info.value)
+        assert "\n" not in text and "answered 401 to a signed check ping" in text and "/hook" in text
+        assert "rejected the signature or credentials" in text and "check that the destination's secret" in text
+        assert info.value.destination == "hooks"
+        shown = _everything_shown(info.value)
+        for secret in (OTHER_SECRET, OTHER_SECRET[6:], SECRET, SECRET[6:]):
+            assert secret not in shown
+        [req] = receiver.requests
+        assert req.ping and not req.verified and req.status == 401 and receiver.events(accepted_only=False) == []
+
+    async def test_unsigned_ping_refused_says_to_set_a_secret(self, receiver: WebhookReceiver) -> None:
+        """Without a secret, a 401 says the receiver wants credentials and to set the destination's secret."""
+        with pytest.raises(
+            PermanentError, match=r"answered 401 to an unsigned check ping.*set the destination's secret"
+        ):
+            await make_transport(receiver.url, secret=None).check()
+
+    async def test_check_ping_false_keeps_the_head_probe(self, receiver: WebhookReceiver) -> None:
+        """check_ping = false sends only a HEAD: any answer (here 401, the secret being wrong) means reachable."""
+        line = await make_transport(receiver.url + "/hook", secret=OTHER_SECRET, check_ping=False).check()
+        assert "reachable (HEAD answered 401" in line and "check_ping = false" in line and "\n" not in line
+        [req] = receiver.requests
+        assert req.method == "HEAD" and req.body == b"" and req.event is None
+
+    @pytest.mark.parametrize(
+        ("status", "words"),
+        [
+            (422, ["answered 422", "unknown event type", "not its signature", "check_ping = false"]),
+            (400, ["answered 400", "not its signature", "outrelay.check"]),
+            (404, ["answered 404", "check the destination's url"]),
+        ],
+    )
+    async def test_other_4xx_names_the_status_and_is_told_apart_from_a_signature_failure(
+        self, status: int, words: list[str]
+    ) -> None:
+        """A receiver refusing the ping itself (400/422: an unknown type; 404: a wrong path) gives a PermanentError
+        naming the status and what the receiver said, not a message about the secret."""
+        body = b"unknown event type"
+        head = f"HTTP/1.1 {status} X\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        async with RawServer(answer_bytes(head + body)) as server:
+            with pytest.raises(PermanentError) as info:
+                await make_transport(server.url).check()
+        text = str(info.value)
+        assert all(w in text for w in words), text
+        assert "secret" not in text and "\n" not in text
+
+    async def test_5xx_is_retryable_with_the_hint(self) -> None:
+        """A 503 to the ping is a RetryableError carrying Retry-After: the receiver is up but failing."""
+        answer = answer_bytes(b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 7\r\ncontent-length: 0\r\n\r\n")
+        async with RawServer(answer) as server:
+            with pytest.raises(RetryableError, match="answered 503 to a signed check ping") as info:
+                await make_transport(server.url).check()
+        assert info.value.retry_after == 7
 
 
 class TestHeaderPercentEncoding:

@@ -7,10 +7,10 @@ import asyncio
 import httpx
 import pytest
 
-from outrelay import Event, SendResult, UsageError
+from outrelay import Event, PermanentError, SendResult, UsageError
 from outrelay.transports.webhook._reader import WebhookReader, provision_receiver
 from outrelay.transports.webhook.receiver import WebhookReceiver, WebhookRequest
-from tests.transports.webhook_support import SECRET, event, make_transport, messages
+from tests.transports.webhook_support import OTHER_SECRET, SECRET, event, make_transport, messages
 
 
 async def post(rx: WebhookReceiver, path: str, events: list[Event], **options: object) -> list[SendResult]:
@@ -76,6 +76,23 @@ class TestReceiver:
             big = await client.post(rx.url, content=b"x" * 100)
         assert ok.status_code == 204 and big.status_code == 413
         assert rx.connections == 2 and len(rx.requests) == 1
+
+    async def test_check_pings_are_acknowledged_and_kept_from_the_application(self) -> None:
+        """A verified check() ping is answered 204 by the receiver itself (respond() is not called), a wrongly
+        signed one 401; neither appears in events(), accepted() or the reader."""
+        calls: list[WebhookRequest] = []
+
+        def respond(req: WebhookRequest) -> int:
+            calls.append(req)
+            return 500
+
+        async with WebhookReceiver(secrets=SECRET, respond=respond) as rx, WebhookReader(rx.url + "/p") as reader:
+            assert "accepted a signed ping" in await make_transport(rx.url + "/p").check()
+            with pytest.raises(PermanentError, match="answered 401"):
+                await make_transport(rx.url + "/p", secret=OTHER_SECRET).check()
+            assert await reader.read(1, timeout=0.2) == []
+        assert [(r.ping, r.verified, r.status) for r in rx.requests] == [(True, True, 204), (True, False, 401)]
+        assert calls == [] and rx.events(accepted_only=False) == [] and rx.accepted() == []
 
     async def test_stop_is_idempotent_and_unregisters(self) -> None:
         """stop() twice is fine, and a stopped receiver no longer serves its URL."""

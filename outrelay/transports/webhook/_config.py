@@ -17,8 +17,16 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 #: headers the transport sets itself; ``headers`` may not override them
 RESERVED_HEADERS = frozenset(
-    {"content-type", "content-length", "host", "webhook-id", "webhook-timestamp", "webhook-signature",
-     "transfer-encoding", "connection"}
+    {
+        "content-type",
+        "content-length",
+        "host",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+        "transfer-encoding",
+        "connection",
+    }
 )
 
 
@@ -43,6 +51,12 @@ class WebhookConfig(TransportConfig):
       addresses (off: the SSRF guard refuses them).
     * ``max_message_bytes`` — larger event data is rejected unsent.
     * ``verify_tls`` — verify HTTPS certificates.
+    * ``check_ping`` — what ``outrelay check`` sends. ``true``: a signed
+      ping, one event of type ``outrelay.check`` encoded and signed exactly
+      as real events are; 2xx passes, 401/403 fails as a rejected secret,
+      other answers fail naming the status. ``false``: a ``HEAD`` only (for
+      receivers that must never see a non-business event); any HTTP answer
+      passes and a wrong secret goes unnoticed.
     """
 
     # a rejected secret or header value must not be echoed by ValidationError
@@ -58,6 +72,7 @@ class WebhookConfig(TransportConfig):
     allow_private_network: bool = False
     max_message_bytes: int = Field(1024 * 1024, ge=1, le=100 * 1024 * 1024)
     verify_tls: bool = True
+    check_ping: bool = True
 
     @field_validator("url")
     @classmethod

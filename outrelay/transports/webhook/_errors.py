@@ -4,8 +4,11 @@
 for a network or protocol failure: every exception of the HTTP client
 (:mod:`._http`) is mapped here (and only here) to :class:`~outrelay.RetryLater`
 or :class:`~outrelay.Rejected`; an answer is mapped by :func:`classify`.
+For ``check()``, :func:`probe` maps the same exceptions to
+:class:`~outrelay.RetryableError` / :class:`~outrelay.PermanentError`, and
+:func:`check_ping_answer` reads the answer to the signed ping.
 URLs in messages go through :func:`safe_url`, which drops user info, query
-and fragment (they may carry tokens).
+and fragment (they may carry tokens); no message quotes a secret or a header.
 """
 
 from __future__ import annotations
@@ -17,11 +20,23 @@ from collections.abc import Mapping
 from datetime import UTC
 from urllib.parse import urlsplit
 
+from outrelay.core.errors import PermanentError, RetryableError
 from outrelay.core.transport import Delivered, Rejected, RetryLater, SendResult
 from outrelay.transports.webhook._http import ConnectionPool, InvalidRequest, ProtocolError, Response, parse_target
+from outrelay.transports.webhook._ping import PING_TYPE
 from outrelay.transports.webhook._ssrf import PrivateAddressRefused
 
-__all__ = ["classify", "describe", "exchange", "parse_retry_after", "post_once", "safe_url", "timeout_message"]
+__all__ = [
+    "check_ping_answer",
+    "classify",
+    "describe",
+    "exchange",
+    "parse_retry_after",
+    "post_once",
+    "probe",
+    "safe_url",
+    "timeout_message",
+]
 
 
 def safe_url(url: str) -> str:
@@ -74,6 +89,11 @@ def classify(status: int, headers: Mapping[str, str], url: str, detail: str = ""
 _BODY_LIMIT = 64 * 1024
 
 
+def _detail(response: Response, limit: int = 200) -> str:
+    """The start of the answer's body on one line (what the receiver said, to quote in an error)."""
+    return " ".join(response.body[:limit].decode("utf-8", "replace").split())
+
+
 def describe(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -105,9 +125,7 @@ async def exchange(
             raise ConnectionError("the connection timed out") from None
 
 
-async def post_once(
-    pool: ConnectionPool, url: str, headers: dict[str, str], body: bytes, limit: float
-) -> SendResult:
+async def post_once(pool: ConnectionPool, url: str, headers: dict[str, str], body: bytes, limit: float) -> SendResult:
     """POST once under one deadline and classify; the one place client exceptions are mapped.
 
     At most :data:`_BODY_LIMIT` bytes of the answer are read: enough to keep
@@ -127,12 +145,88 @@ async def post_once(
     except OSError as exc:  # connect, reset, TLS
         return RetryLater(f"cannot deliver to {safe_url(url)}: {describe(exc)}")
     status = response.status
-    detail = ""
-    if status >= 300:
-        detail = " ".join(response.body[:200].decode("utf-8", "replace").split())
     if 200 <= status < 300:
         return _DELIVERED
-    return classify(status, response.headers, url, detail)
+    return classify(status, response.headers, url, _detail(response))
 
 
 _DELIVERED = Delivered()
+
+
+async def probe(
+    pool: ConnectionPool, method: str, url: str, headers: dict[str, str], body: bytes, limit: float, *, destination: str
+) -> Response:
+    """One ``check()`` request under one deadline; every client failure raised as one outrelay error line.
+
+    :raises PermanentError: the SSRF guard refused the address (the line names ``allow_private_network``),
+        or the URL or a header cannot go on the wire.
+    :raises RetryableError: cannot connect (refused, reset, TLS), an invalid or cut-short answer,
+        or no whole answer within ``limit`` seconds.
+    """
+    try:
+        return await exchange(pool, method, url, headers, body, limit)
+    except PrivateAddressRefused as exc:
+        raise PermanentError(str(exc), destination=destination) from None
+    except InvalidRequest as exc:
+        raise PermanentError(
+            f"cannot send to {safe_url(url)}: {exc}; fix the destination's url or headers", destination=destination
+        ) from None
+    except TimeoutError:
+        raise RetryableError(timeout_message(url, limit), destination=destination) from None
+    except (OSError, ProtocolError) as exc:
+        raise RetryableError(
+            f"cannot reach {safe_url(url)}: {describe(exc)}; check the URL and that the receiver is up",
+            destination=destination,
+        ) from None
+
+
+def check_ping_answer(response: Response, url: str, *, signed: bool, destination: str) -> None:
+    """Return for a 2xx answer to the ``check()`` ping; otherwise raise one line naming the status.
+
+    ==================  =============================================================================
+    2xx                 returns: the receiver verified and accepted the ping
+    401, 403            PermanentError: signature or credentials rejected — check the secret
+    3xx                 PermanentError: redirects are not followed, configure the final URL
+    404, 405, 410       PermanentError: no webhook takes POST there — check the url
+    other 4xx           PermanentError: the receiver refused the ping itself (e.g. an unknown type),
+                        not its signature — accept :data:`PING_TYPE` or set ``check_ping = false``
+    408, 429, 5xx       RetryableError (with ``Retry-After``): reachable, but failing for now
+    ==================  =============================================================================
+
+    The line quotes the start of the receiver's answer, never a secret or a header value.
+    """
+    status = response.status
+    if 200 <= status < 300:
+        return
+    said = _detail(response, 120)
+    kind = "a signed" if signed else "an unsigned"
+    where = f"{safe_url(url)} answered {status} to {kind} check ping" + (f" ({said})" if said else "")
+    if status in (408, 429) or status >= 500:
+        raise RetryableError(
+            f"{where}; the receiver is reachable but failing: check its health, or run check again later",
+            retry_after=parse_retry_after(response.headers.get("retry-after")),
+            destination=destination,
+        )
+    if status in (401, 403):
+        fix = (
+            "the receiver rejected the signature or credentials: check that the destination's secret matches the "
+            "receiver's (and any Authorization header or user info in the url)"
+            if signed
+            else "the receiver wants credentials: set the destination's secret (Standard Webhooks), or an "
+            "Authorization header"
+        )
+        raise PermanentError(f"{where}: {fix}", destination=destination)
+    if 300 <= status < 400:
+        location = response.headers.get("location")
+        to = f" to {safe_url(location)}" if location else ""
+        raise PermanentError(f"{where}; redirect{to} not followed, configure the final URL", destination=destination)
+    if status in (404, 405, 410):
+        raise PermanentError(
+            f"{where}: no webhook endpoint takes POST at this URL; check the destination's url",
+            destination=destination,
+        )
+    raise PermanentError(
+        f"{where}: the receiver refused the ping itself, not its signature (that would be 401/403); make it answer "
+        f"2xx to events of type {PING_TYPE}, or set check_ping = false to probe with HEAD only",
+        destination=destination,
+    )

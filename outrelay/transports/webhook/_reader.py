@@ -4,7 +4,8 @@ A webhook has no broker to read back from; the consumer side *is* the
 receiver. So the reader attaches to a receiver running in this process
 (found by URL through :meth:`WebhookReceiver.serving`) and returns the
 verified events it answered 2xx whose request path is the target's path,
-in arrival order, starting with the first one after :meth:`start`.
+in arrival order, starting with the first one after :meth:`start`;
+``check()`` pings are not events and are never returned.
 
 For the conformance suite, ``provision(name)`` starts a fresh receiver per
 target and returns its URL (see :func:`provision_receiver`); the
@@ -43,14 +44,12 @@ class WebhookReader(Reader):
     async def start(self) -> None:
         receiver = WebhookReceiver.serving(self.target)
         if receiver is None:
-            raise UsageError(
-                f"no WebhookReceiver in this process serves {self.target}; start one and post to its url"
-            )
+            raise UsageError(f"no WebhookReceiver in this process serves {self.target}; start one and post to its url")
         self._receiver = receiver
         self._pos = len(receiver.requests)
 
     def _matches(self, r: WebhookRequest) -> bool:
-        return r.verified and r.event is not None and r.accepted and urlsplit(r.path).path == self.path
+        return r.verified and r.event is not None and not r.ping and r.accepted and urlsplit(r.path).path == self.path
 
     async def read(self, count: int, timeout: float) -> list[Received]:
         rx = self._receiver

@@ -32,6 +32,16 @@ failure its later events are not sent and come back RetryLater
 (``ordered_batches``). ``open`` does no I/O: a down endpoint shows up as
 RetryLater results, and ``check`` probes it. Client exceptions never escape:
 :mod:`~outrelay.transports.webhook._errors` is the one boundary that maps them.
+
+``check`` (``outrelay check``) posts a **signed ping** by default, after
+GitHub's webhook ping: one real event of type ``outrelay.check`` (see
+:mod:`._ping`), encoded, signed and headed exactly as ``send`` posts an
+event, so a secret the receiver rejects fails the check (401/403 →
+PermanentError saying to check the secret) instead of passing as
+"reachable". Other answers are read by :func:`._errors.check_ping_answer`.
+``check_ping = false`` keeps the older probe for receivers that must never
+see a non-business event: a ``HEAD`` (nothing signed, nothing posted) where
+any HTTP answer means reachable — it cannot detect a wrong secret.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ import httpx
 from outrelay._version import __version__
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
-from outrelay.core.errors import PermanentError, RetryableError, UsageError
+from outrelay.core.errors import UsageError
 from outrelay.core.templates import Template
 from outrelay.core.transport import (
     Capabilities,
@@ -59,17 +69,17 @@ from outrelay.core.transport import (
 )
 from outrelay.transports.webhook._config import WebhookConfig
 from outrelay.transports.webhook._errors import (
+    check_ping_answer,
     classify,
-    describe,
-    exchange,
     parse_retry_after,
     post_once,
+    probe,
     safe_url,
-    timeout_message,
 )
-from outrelay.transports.webhook._http import ConnectionPool, InvalidRequest, ProtocolError
+from outrelay.transports.webhook._http import ConnectionPool
+from outrelay.transports.webhook._ping import ping_event
 from outrelay.transports.webhook._signing import normalize_secrets, signature_headers
-from outrelay.transports.webhook._ssrf import AddressGuard, PrivateAddressRefused
+from outrelay.transports.webhook._ssrf import AddressGuard
 
 __all__ = ["WebhookConfig", "WebhookTransport", "classify", "parse_retry_after", "safe_url"]
 
@@ -169,34 +179,43 @@ class WebhookTransport(Transport):
     # -- probing -----------------------------------------------------------------
 
     async def check(self) -> str:
-        """``HEAD`` the endpoint (no event is sent) through the same client, guard and
-        deadline as ``send``: any HTTP answer means reachable.
+        """Probe the endpoint through the same client, SSRF guard and deadline as ``send``; one line.
 
-        :raises PermanentError: the address is refused (SSRF guard) or the URL is invalid.
-        :raises RetryableError: cannot connect or no whole answer within ``timeout``.
+        With ``check_ping`` (the default) POST a signed ping — an ``outrelay.check`` event encoded,
+        signed and headed exactly as ``send`` would post it — to the URL rendered for it: a 2xx
+        means the receiver verified and accepted it. With ``check_ping = false`` send a ``HEAD``
+        instead (nothing signed or posted): any HTTP answer means reachable.
+
+        :raises PermanentError: the receiver answered the ping 401/403 (signature or credentials
+            rejected: check the secret, never printed), a 3xx or another 4xx (the line names the
+            status and what the receiver said); the address is refused (SSRF guard); the URL or a
+            header cannot be sent.
+        :raises RetryableError: the ping got 408/429/5xx; cannot connect; an invalid answer; no
+            whole answer within ``timeout``.
         """
-        url = self.target(Event(type="outrelay.check", stream="check"))
+        ping = ping_event(self.destination)
+        url = self.target(ping)
         pool = self._pool or self._new_pool()
+        dest, limit = self.destination, self.cfg.timeout
         try:
-            response = await exchange(pool, "HEAD", url, dict(self._static_headers), b"", self.cfg.timeout)
-        except PrivateAddressRefused as exc:
-            raise PermanentError(str(exc), destination=self.destination) from None
-        except InvalidRequest as exc:
-            raise PermanentError(
-                f"invalid webhook URL {safe_url(url)}: {exc}; fix the destination's url", destination=self.destination
-            ) from None
-        except TimeoutError:
-            raise RetryableError(timeout_message(url, self.cfg.timeout), destination=self.destination) from None
-        except (OSError, ProtocolError) as exc:
-            raise RetryableError(
-                f"cannot reach {safe_url(url)}: {describe(exc)}; check the URL and that the receiver is up",
-                destination=self.destination,
-            ) from None
+            if self.cfg.check_ping:
+                headers, body = self._request(ping)
+                response = await probe(pool, "POST", url, headers, body, limit, destination=dest)
+            else:
+                response = await probe(pool, "HEAD", url, dict(self._static_headers), b"", limit, destination=dest)
         finally:
             if pool is not self._pool:
                 await pool.aclose()
-        signing = f"signed with {len(self._keys)} secret(s)" if self._keys else "unsigned"
-        return f"{safe_url(url)} reachable (HEAD answered {response.status}; {self.cfg.mode} mode, {signing})"
+        if not self.cfg.check_ping:
+            return f"{safe_url(url)} reachable (HEAD answered {response.status}; check_ping = false, secret not tested)"
+        check_ping_answer(response, url, signed=bool(self._keys), destination=dest)
+        kind, signing = (
+            ("a signed", f"signed with {len(self._keys)} secret(s)") if self._keys else ("an unsigned", "no secret")
+        )
+        return (
+            f"{safe_url(url)} accepted {kind} ping (POST {ping.type} answered {response.status}; "
+            f"{self.cfg.mode} mode, {signing})"
+        )
 
     @classmethod
     def conformance_local_peer(cls, config: WebhookConfig) -> dict[str, Any]:

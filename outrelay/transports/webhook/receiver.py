@@ -20,6 +20,14 @@ raises, the answer is 500 and ``request.error`` says why. The default
 answers 204 to verified requests and 401 to the rest. Connections
 are kept alive (h11 handles HTTP/1.1 framing and ``Connection: close``).
 
+The webhook transport's ``check()`` pings (an event of type
+``outrelay.check``, see :mod:`outrelay.transports.webhook._ping`) are
+transport handshakes, not application data: the receiver answers them
+itself — 204 when the signature verifies, 401 when not — without calling
+``respond``, records them with ``ping`` true, and keeps them out of
+:meth:`~WebhookReceiver.events`, :meth:`~WebhookReceiver.accepted`,
+:meth:`~WebhookReceiver.wait_for` and the webhook reader.
+
 Running receivers register their URL, so :meth:`WebhookReceiver.serving`
 finds the receiver behind a webhook URL; the webhook transport's reader
 relies on it (the receiver *is* the consumer side of a webhook).
@@ -41,6 +49,7 @@ import h11
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError, UsageError
+from outrelay.transports.webhook._ping import PING_TYPE
 from outrelay.transports.webhook._signing import Secrets, SignatureError, normalize_secrets, verify_or_raise
 
 __all__ = ["Answer", "Responder", "WebhookReceiver", "WebhookRequest"]
@@ -67,6 +76,11 @@ class WebhookRequest:
     def accepted(self) -> bool:
         """Answered with a 2xx status (the sender counts it delivered)."""
         return self.status is not None and 200 <= self.status < 300
+
+    @property
+    def ping(self) -> bool:
+        """A ``check()`` ping (an event of type ``outrelay.check``), not application data."""
+        return self.event is not None and self.event.type == PING_TYPE
 
 
 def _decode(headers: Mapping[str, str], body: bytes) -> tuple[Event | None, str | None]:
@@ -162,16 +176,16 @@ class WebhookReceiver:
 
     def events(self, *, accepted_only: bool = True) -> list[Event]:
         """Events of verified requests in arrival order; by default only those
-        answered 2xx (what the sender counts as delivered)."""
+        answered 2xx (what the sender counts as delivered). Pings are left out."""
         return [
             r.event
             for r in self.requests
-            if r.verified and r.event is not None and (r.accepted or not accepted_only)
+            if r.verified and r.event is not None and not r.ping and (r.accepted or not accepted_only)
         ]
 
     def accepted(self) -> list[WebhookRequest]:
-        """Verified, decoded requests answered 2xx, in arrival order."""
-        return [r for r in self.requests if r.verified and r.event is not None and r.accepted]
+        """Verified, decoded requests answered 2xx, in arrival order (pings left out)."""
+        return [r for r in self.requests if r.verified and r.event is not None and not r.ping and r.accepted]
 
     def clear(self) -> None:
         """Forget recorded requests."""
@@ -277,7 +291,7 @@ class WebhookReceiver:
         )
         self.requests.append(record)
         answer: Answer | Awaitable[Answer]
-        if self.respond is None:
+        if self.respond is None or record.ping:  # a ping is the transport's handshake, not the application's
             answer = 204 if verified else 401
         else:
             try:
