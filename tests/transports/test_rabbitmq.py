@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -14,6 +16,7 @@ from outrelay import Delivered, Event, Message, PermanentError, Rejected, Retrya
 from outrelay.core import cloudevents
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, mask_url
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
+from tests.peers.conformance_hooks import long_secret, rabbitmq_users
 from tests.peers.proxy import TcpProxy
 from tests.peers.rabbitmq import ExchangeFactory
 from tests.services import free_port
@@ -230,6 +233,54 @@ class TestCheck:
         ex = await rabbitmq_exchanges("chk")
         line = await RabbitMQTransport(RabbitMQConfig(url=rabbitmq_url, exchange=ex)).check()
         assert ex in line and "guest:***@" in line and "\n" not in line
+
+    async def test_check_publishes_nothing(self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory) -> None:
+        """check() proves write permission with a publish it rolls back: a queue bound to every key of the
+        exchange stays empty, though the transport's next message lands in it."""
+        ex = await rabbitmq_exchanges("chk")
+        queue = await rabbitmq_exchanges.queue(ex, "#")
+        t = RabbitMQTransport(RabbitMQConfig(url=rabbitmq_url, exchange=ex))
+        line = await t.check()
+        assert "publishing to it is permitted" in line and "nothing delivered" in line
+
+        async def depth() -> int:
+            async with await aio_pika.connect(rabbitmq_url) as conn:
+                q = await (await conn.channel()).declare_queue(queue, passive=True)
+                count = q.declaration_result.message_count
+                assert count is not None
+                return count
+
+        await asyncio.sleep(0.2)  # a stray probe would be routed by now
+        assert await depth() == 0
+        await t.open()
+        try:
+            assert await t.send(_messages(t, [Event(type="t", stream="s")])) == [Delivered()]
+        finally:
+            await t.close()
+        assert await depth() == 1  # the binding catches what is published to the exchange
+
+    async def test_check_without_write_permission(self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory) -> None:
+        """A user who may connect but not publish fails check() with a PermanentError naming the user, vhost,
+        exchange and the rabbitmqctl fix, never the password."""
+        if os.environ.get("OUTRELAY_RABBITMQ_URL"):
+            pytest.skip("rabbitmqctl manages the local broker, not OUTRELAY_RABBITMQ_URL's")
+        ex = await rabbitmq_exchanges("chk")
+        user, password = f"outrelay-chk-{uuid.uuid4().hex[:8]}", long_secret()
+        users = rabbitmq_users(password, {user: ""})
+        problem = next(users)
+        try:
+            if problem is not None:
+                pytest.skip(problem)
+            host = urlsplit(rabbitmq_url).netloc.rpartition("@")[2]
+            cfg = RabbitMQConfig(url=f"amqp://{user}@{host}/", password=password, exchange=ex)
+            with pytest.raises(PermanentError) as info:
+                await RabbitMQTransport(cfg).check()
+        finally:
+            next(users, None)
+        text = str(info.value)
+        assert f"user {user!r} lacks write permission on vhost '/' for exchange {ex!r}" in text, text
+        assert f"rabbitmqctl set_permissions -p / {user}" in text and "\n" not in text
+        assert password not in text and password not in repr(info.value.__cause__)
 
     async def test_check_unreachable(self) -> None:
         """check() against a dead port raises RetryableError."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -94,13 +93,3 @@ class TestRabbitMQConformance(ConformanceSuite):
             binding=AMQP,
         )
         await exchanges.delete_all()
-
-    @pytest.mark.xfail(
-        strict=True,
-        reason="defect (rabbitmq): check() only declares the exchange passively, which needs no permission, so "
-        "a user with no write permission on vhost / passes check(); it cannot say what to fix",
-    )
-    def test_forbidden_check_says_what(
-        self, conformance_target: ConformanceTarget, tmp_path: Path, request: pytest.FixtureRequest
-    ) -> None:
-        super().test_forbidden_check_says_what(conformance_target, tmp_path, request)

@@ -3,11 +3,13 @@
 :func:`classify` decides retryable vs permanent and writes a message that
 never contains a secret (texts are scrubbed of the configured passwords);
 :func:`result_for` makes a per-message result, :func:`mapped` is the
-context manager for whole operations (connect, declare, check, reader).
+context manager for whole operations (connect, declare, check, reader);
+:func:`publish_refused` words the 403 of ``check()``'s publish probe.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -17,9 +19,20 @@ from outrelay.core.errors import PermanentError, RetryableError
 from outrelay.core.tls import certificate_refused, tls_hint
 from outrelay.core.transport import Rejected, RetryLater, SendResult
 
-__all__ = ["VENDOR_ERRORS", "Unroutable", "classify", "mapped", "result_for", "scrub"]
+__all__ = [
+    "TOPIC_REFUSAL",
+    "VENDOR_ERRORS",
+    "Unroutable",
+    "classify",
+    "mapped",
+    "publish_refused",
+    "result_for",
+    "scrub",
+]
 
 VENDOR_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError, TimeoutError)
+#: in the broker's 403 text when topic authorisation (not the exchange's write permission) refused a routing key
+TOPIC_REFUSAL = "access to topic"
 
 
 class Unroutable(Exception):
@@ -71,6 +84,44 @@ def classify(exc: BaseException, secrets: Sequence[str] = (), target: str | None
             return False, tls_hint(refused, "tls_ca_file")
         return True, f"cannot reach the broker ({type(exc).__name__}){to}"
     return True, f"unexpected {type(exc).__name__}{to}"
+
+
+def publish_refused(
+    exc: aiormq.exceptions.ChannelAccessRefused,
+    *,
+    user: str,
+    vhost: str,
+    exchange: str,
+    routing_key: str,
+    where: str,
+    secrets: Sequence[str] = (),
+) -> str:
+    """One line for a 403 ACCESS_REFUSED answer to a ``basic.publish``: what the broker refused (write
+    permission on the exchange, a topic permission, or an internal exchange), for whom, and the fix.
+
+    ``exchange`` ``""`` is the default exchange, which RabbitMQ's permissions call ``amq.default``.
+    Never contains a secret: ``where`` is the masked URL, the broker's text is scrubbed.
+    """
+    name = exchange or "amq.default"
+    reply = scrub(_reply(exc), secrets)
+    q_user, q_vhost = shlex.quote(user), shlex.quote(vhost)
+    if "internal exchange" in reply:
+        return (
+            f"exchange {name!r} on {where} is internal: no client may publish to it (403 ACCESS_REFUSED); "
+            "set exchange to one that is not internal"
+        )
+    if TOPIC_REFUSAL in reply:  # topic authorisation: write access for this routing key on a topic exchange
+        return (
+            f"user {user!r} lacks write permission on vhost {vhost!r} for routing key {routing_key!r} of topic "
+            f"exchange {name!r} (403 ACCESS_REFUSED from {where}): grant it with `rabbitmqctl "
+            f"set_topic_permissions -p {q_vhost} {q_user} {shlex.quote(name)} <write pattern> <read pattern>`"
+        )
+    write = shlex.quote("^" + name.replace(".", r"\.") + "$")  # exchange names are [A-Za-z0-9_.:-]
+    return (
+        f"user {user!r} lacks write permission on vhost {vhost!r} for exchange {name!r} (403 ACCESS_REFUSED from "
+        f"{where}): grant it with `rabbitmqctl set_permissions -p {q_vhost} {q_user} <configure> {write} <read>` "
+        "(the command replaces all three patterns: keep the configure and read ones the user has)"
+    )
 
 
 def result_for(exc: BaseException, secrets: Sequence[str], target: str) -> SendResult:
