@@ -7,8 +7,11 @@ directory (``tests/cluster/_nats_cluster.py``), or uses
 ``OUTRELAY_NATS_CLUSTER_URLS``. Each run gets a fresh R3 file stream. Prints
 events/s for the raw client (``js.publish_async`` pipelined in windows,
 timed before and after the relay, see ``_ratio.py``) and for the relay with
-``pipeline = true`` (the order guard on, as ``auto`` sets it for R3), and
-optionally ``--strict`` (``pipeline = false``).
+each ``--pipeline`` value given (default: ``auto``, which on an R3 stream
+without the order guard means one unacked message per stream; ``true``
+pipelines unguarded, which can break order in a leader change) and
+``--guard`` (``order_guard``; on nats-server < 2.10.19 anything but ``off``
+with ``last-msg-id`` is refused at open).
 """
 
 from __future__ import annotations
@@ -62,17 +65,17 @@ async def run(urls: list[str], args: argparse.Namespace) -> None:
     t_raw = await raw(urls[0], subject, events, args.window)
     await delete_stream(urls, name)
     results = []
-    for strict in (False, True) if args.strict else (False,):
+    for pipeline in args.pipeline:
         name, subject = await create_stream(urls)
         dest = {
             "transport": "nats",
             "servers": urls,
             "subject": subject + ".{stream}",
             "expected_stream": name,
-            "pipeline": not strict,
+            "pipeline": {"true": True, "false": False}.get(pipeline, pipeline),
             "order_guard": args.guard,
         }
-        results.append((strict, await relay(dest, events, args.batch_size, args.in_flight, args.per_stream)))
+        results.append((pipeline, await relay(dest, events, args.batch_size, args.in_flight, args.per_stream)))
         await delete_stream(urls, name)
     name, subject = await create_stream(urls)
     try:
@@ -81,8 +84,8 @@ async def run(urls: list[str], args: argparse.Namespace) -> None:
         await delete_stream(urls, name)
     print(f"nats jetstream cluster (3 nodes, R3 file stream), {n} events x {args.size} B, {args.streams} streams")
     print(f"  raw nats-py publish_async pipelined : {raw_line(n, t_raw, t_raw2)}")
-    for strict, t in results:
-        label = "pipeline=false" if strict else f"pipeline=true, order_guard={args.guard}"
+    for pipeline, t in results:
+        label = f"pipeline={pipeline}, order_guard={args.guard}"
         print(f"  outrelay relay ({label}) : {n / t:10.0f} ev/s ({t:.2f} s), ratio {ratio(n, t, t_raw, t_raw2):.2f}")
 
 
@@ -95,9 +98,15 @@ def main() -> None:
     ap.add_argument("--in-flight", type=int, default=4)
     ap.add_argument("--per-stream", type=int, default=16)
     ap.add_argument("--window", type=int, default=4000)
-    ap.add_argument("--guard", choices=("auto", "last-msg-id", "off"), default="auto")
-    ap.add_argument("--strict", action="store_true", help="also run the relay with pipeline = false")
+    ap.add_argument("--guard", choices=("auto", "last-msg-id", "off"), default="off")
+    ap.add_argument(
+        "--pipeline",
+        choices=("auto", "true", "false"),
+        action="append",
+        help="the relay's pipeline option, once per run to compare (default: auto)",
+    )
     args = ap.parse_args()
+    args.pipeline = args.pipeline or ["auto"]
     with running_cluster() as cluster:
         asyncio.run(run(cluster.urls, args))
 

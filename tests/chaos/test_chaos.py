@@ -48,9 +48,6 @@ async def test_broker_kill(tmp_path: Path, rig: Rig) -> None:
 
 
 @pytest.mark.skipif(not SOAK.on, reason="a long soak: set OUTRELAY_CHAOS_SOAK=1 (see tests/chaos/_harness.py)")
-# nats-py leaks one socket per failed reconnect handshake (a proxy accepting while the broker is down);
-# test_nats_reconnect_leak.py pins that bug, the soak looks for lost and disordered events
-@pytest.mark.filterwarnings(r"ignore:Exception ignored in. <function StreamWriter.__del__")
 @pytest.mark.parametrize("rig", ALL, indirect=True)
 async def test_soak(tmp_path: Path, rig: Rig) -> None:
     """Many random faults (every kind the rig has, seeded) over a long run: nothing lost, first deliveries in order."""

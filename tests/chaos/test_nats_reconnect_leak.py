@@ -1,16 +1,23 @@
-"""A bug the chaos runs found in nats-py (2.16): failed reconnect handshakes leak their sockets.
+"""Failed NATS connection attempts close their sockets (a nats-py 2.16 leak the chaos runs found, now fixed).
 
-nats-py's ``Client._attempt_reconnect`` opens a TCP connection, and when the
-handshake on it fails (the peer accepts, then closes before INFO/CONNECT
-complete: a load balancer or proxy in front of a dead broker) it catches the
-error and loops to the next attempt without closing that connection; the next
-``TcpTransport.connect`` overwrites the reader/writer. Each attempt (every
-``reconnect_time_wait``) leaves one socket to the garbage collector, whose
-``StreamWriter.__del__`` closes it with a ResourceWarning. A broker that
-refuses connections outright (no proxy) does not trigger it. Nothing is lost
-or reordered (the chaos runs check that); the fix belongs in nats-py, or in
-``outrelay.transports.nats._transport.connect``'s ``error_cb`` closing the
-client's half-open transport while it is reconnecting (private nats-py state).
+The bug: nats-py's ``Client._attempt_reconnect`` opens a TCP connection,
+and when the handshake on it fails (the peer accepts, then closes before
+INFO/CONNECT complete: a load balancer or proxy in front of a dead broker; or
+accepts and never answers: a black hole), it reports the error to
+``error_cb`` and loops to the next attempt without closing that connection.
+The next ``TcpTransport.connect`` then overwrites the writer, and each
+attempt (every ``reconnect_time_wait``) leaves one socket to the garbage
+collector (``ResourceWarning: unclosed StreamWriter``). A broker that refuses
+connections outright does not trigger it.
+
+The fix (``outrelay/transports/nats/_sockets.py``): the ``error_cb`` that
+``outrelay.transports.nats._transport.connect`` installs closes the failed
+attempt's writers when nats-py calls it from its reconnect task. Each writer
+is closed, given a short bound to finish closing, and then aborted. ``connect``
+also closes the half-open socket when the first connect is cancelled or passes
+its bound mid-handshake. The conformance check ``fault_black_hole_send`` also
+covers the reconnect leak. These tests fail if a nats-py upgrade renames the
+private attributes the fix relies on.
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ from tests.peers.nats import NatsServer
 from tests.peers.proxy import TcpProxy
 
 
-@pytest.mark.xfail(strict=True, reason="nats-py leaks the socket of each failed reconnect handshake (see module)")
 async def test_failed_reconnect_handshakes_leave_no_open_sockets(
     nats_server: NatsServer, proxy_to: Callable[[int], Awaitable[TcpProxy]]
 ) -> None:
@@ -55,3 +61,23 @@ async def test_failed_reconnect_handshakes_leave_no_open_sockets(
     leaked = [w for w in caught if "StreamWriter" in str(w.message)]
     assert attempts >= 3, f"only {attempts} reconnect attempts: the test proves nothing"
     assert not leaked, f"{len(leaked)} sockets of {attempts} failed reconnect attempts were left to the GC"
+
+
+async def test_open_cancelled_mid_handshake_leaves_no_open_socket(
+    nats_server: NatsServer, proxy_to: Callable[[int], Awaitable[TcpProxy]]
+) -> None:
+    """An open() cancelled while nats-py waits for the server's INFO (a black-holed link) closes the
+    socket it had opened: none is left to the garbage collector."""
+    proxy = await proxy_to(nats_server.port)
+    proxy.hold()  # accepted, never answered
+    cfg = NatsConfig(servers=(f"nats://127.0.0.1:{proxy.port}",), subject="leak.{stream}", connect_timeout=5)
+    transport = NatsTransport(cfg, destination="leak")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(transport.open(), 0.5)
+        await asyncio.sleep(0.1)  # let a socket closed by open()'s cleanup finish closing
+        gc.collect()
+    leaked = [w for w in caught if "StreamWriter" in str(w.message)]
+    assert proxy.stats["connections"] == 1, "open() never reached the proxy: the test proves nothing"
+    assert not leaked, "the socket of the cancelled open() was left to the GC"

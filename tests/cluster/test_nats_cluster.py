@@ -4,8 +4,13 @@ The cluster (three nats-server 2.9 nodes, see ``_nats_cluster.py``) starts once
 per session. Each run relays 20,000 events over 200 streams from SQLite while
 the test forces the stream's leader to step down and kills -9 (then restarts)
 a node, several times; the relay must recover by itself, lose nothing, and
-every stream's first deliveries must be in exact order — with ``pipeline``
-on (the order guard, ``_chain.py``, is what makes that hold) and off.
+every stream's first deliveries must be in exact order — with the default
+configuration (``pipeline = "auto"``: one unacked message per stream into a
+replicated stream) and with ``pipeline = false``. The order guard is refused
+at open on this nats-server 2.9 cluster (it made replicas drop messages,
+see ``_chain.py``). ``OUTRELAY_TEST_NATS_PIPELINE`` / ``OUTRELAY_TEST_ORDER_GUARD``
+override the default variant's options, to try the guard against a newer
+cluster (``OUTRELAY_NATS_CLUSTER_URLS``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import nats
 import nats.js.api
 import pytest
 
-from outrelay import Event, Outbox, Relay, parse_config
+from outrelay import Event, Outbox, PermanentError, Relay, parse_config
 from outrelay.core.transport import Received
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._transport import NatsTransport
@@ -112,22 +117,24 @@ async def _read_back(urls: list[str], prefix: str, stream: str, count: int) -> l
     return got
 
 
-@pytest.mark.parametrize(
-    "pipeline",
-    [
-        pytest.param(True, marks=pytest.mark.xfail(strict=False, reason=(
-            "known defect, under investigation: pipelined with the order guard, some runs end with the stream "
-            "holding fewer messages than the relay saw confirmed (13,700 of 20,000 in one CI run); the guard is "
-            "therefore off by default and docs/clusters.md advises pipeline = false on a cluster"))),
-        False,
-    ],
-    ids=["pipelined", "one-in-flight"],
-)  # fmt: skip
+def _variant(name: str) -> dict[str, Any]:
+    """The destination options of a test variant."""
+    if name == "one-in-flight":
+        return {"pipeline": False}
+    options: dict[str, Any] = {}
+    if pipeline := os.environ.get("OUTRELAY_TEST_NATS_PIPELINE"):
+        options["pipeline"] = {"true": True, "false": False}.get(pipeline, pipeline)
+    if guard := os.environ.get("OUTRELAY_TEST_ORDER_GUARD"):
+        options["order_guard"] = guard
+    return options
+
+
+@pytest.mark.parametrize("variant", ["default", "one-in-flight"])
 async def test_relay_through_stepdowns_and_kills(
     tmp_path: Path,
     nats_cluster: NatsCluster,
     r3_stream: tuple[str, str],
-    pipeline: bool,
+    variant: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """20,000 events / 200 streams into an R3 stream, three leader stepdowns and two leader kills:
@@ -141,8 +148,7 @@ async def test_relay_through_stepdowns_and_kills(
         "servers": nats_cluster.urls,
         "subject": prefix + ".{stream}",
         "expected_stream": name,
-        "pipeline": pipeline,
-        "order_guard": os.environ.get("OUTRELAY_TEST_ORDER_GUARD", "auto"),
+        **_variant(variant),
         "ack_timeout": 2.0,
         "connect_timeout": 0.5,
         "reconnect_time_wait": 0.05,
@@ -176,6 +182,27 @@ async def test_relay_through_stepdowns_and_kills(
     assert not order_warnings, order_warnings[:3]
     breaks = sum("order guard holds back" in r.getMessage() for r in caplog.records)
     print(
-        f"pipeline={pipeline}: {EVENTS} events in {elapsed:.1f}s, faults {faults}, "
+        f"{variant} {_variant(variant)}: {EVENTS} events in {elapsed:.1f}s, faults {faults}, "
         f"{duplicates} duplicates stored, {breaks} chain breaks caught"
     )
+
+
+async def test_order_guard_refused_on_a_replicated_stream_of_an_old_server(
+    nats_cluster: NatsCluster, r3_stream: tuple[str, str]
+) -> None:
+    """order_guard = "last-msg-id" into an R3 stream of nats-server < 2.10.19 fails at open with one line
+    saying why and what to do; "auto" then leaves the guard off and does not pipeline (one unacked message
+    per stream)."""
+    name, prefix = r3_stream
+    base = {"servers": tuple(nats_cluster.urls), "subject": prefix + ".{stream}", "expected_stream": name}
+    guarded = NatsTransport(NatsConfig(**base, order_guard="last-msg-id"))
+    with pytest.raises(PermanentError) as err:
+        await guarded.open()
+    message = str(err.value)
+    assert "\n" not in message and "2.10.19 or newer" in message and "remove order_guard" in message, message
+    auto = NatsTransport(NatsConfig(**base, order_guard="auto"))
+    await auto.open()
+    try:
+        assert not auto.pipelined and not auto.guarded
+    finally:
+        await auto.close()

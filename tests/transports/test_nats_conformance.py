@@ -62,16 +62,6 @@ class TestNatsConformance(ConformanceSuite):
         )
         await streams.delete_all()
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="defect (nats): after the link black-holes and the client gives up, a StreamWriter of the dropped "
-        "connection is never closed (ResourceWarning: unclosed StreamWriter, fd in state closing)",
-    )
-    def test_fault_black_hole_send(
-        self, conformance_target: ConformanceTarget, tmp_path: Path, request: pytest.FixtureRequest
-    ) -> None:
-        super().test_fault_black_hole_send(conformance_target, tmp_path, request)
-
 
 def _auth_conf(directory: Path, secret: str) -> Path:
     """A nats-server config: ``relay`` may do anything, ``nopub`` may use the JetStream API but publish

@@ -26,6 +26,17 @@ a wrong order): guard one stream with one relay destination. A resend the
 duplicate window drops keeps the stream's last id where it was, which may
 break the chain once.
 
+Server versions: every refusal is a message that failed *at apply time*,
+which a clustered stream counts on each replica (``clfs``) to keep its
+sequence numbers in step. nats-server before 2.9.21 let that count drift
+between replicas across a leader takeover, and a replica then skipped
+messages it should have stored (nats-io/nats-server#4365; more fixes of the
+same count up to 2.10.19, #5821). Our cluster test saw it on 2.9.10: with the
+guard's refusals, a stream ended with 13,700 of 20,000 confirmed messages.
+So the guard is allowed on a replicated stream only from
+:data:`GUARD_SAFE_SINCE` on (refused at open before; ``auto`` stays off), and
+``pipeline = "auto"`` falls back to one message in flight per stream there.
+
 Why not ``Nats-Expected-Last-Subject-Sequence``: nats-server 2.9 checks it,
 in a cluster, *before* proposing, against what the leader has applied, so a
 second message of a subject sent before the first one's ack is refused —
@@ -37,9 +48,13 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["WRONG_LAST_MSG_ID", "Chain", "server_last_id"]
+from nats.aio.client import Client
+
+__all__ = ["GUARD_SAFE_SINCE", "WRONG_LAST_MSG_ID", "Chain", "server_last_id", "server_version"]
 
 WRONG_LAST_MSG_ID = 10070  # JSStreamWrongLastMsgIDErrF
+#: the first nats-server whose replicated streams keep apply-time refusals in step (see above)
+GUARD_SAFE_SINCE = (2, 10, 19)
 _LAST_ID = re.compile(r"wrong last msg ID: ?(.*)$", re.IGNORECASE | re.DOTALL)
 
 
@@ -48,6 +63,16 @@ def server_last_id(description: str | None) -> str | None:
     None when the description is not that error's."""
     m = _LAST_ID.search(description or "")
     return m.group(1).strip() if m else None
+
+
+def server_version(nc: Client) -> tuple[int, int, int]:
+    """``(major, minor, patch)`` of the server ``nc`` is connected to; ``(0, 0, 0)`` when unknown
+    (an unknown version counts as too old for the guard)."""
+    try:
+        v = nc.connected_server_version
+        return (v.major, v.minor, v.patch)
+    except (ValueError, TypeError, AttributeError):
+        return (0, 0, 0)
 
 
 class Chain:

@@ -7,6 +7,7 @@
     servers = ["nats://127.0.0.1:4222"]
     subject = "events.{category}.{stream}"    # a Template
     expected_stream = "EVENTS"                 # optional: Nats-Expected-Stream
+    pipeline = "auto"                          # true | false | "auto": see below
     order_guard = "off"                        # "auto" | "last-msg-id" (experimental): see _chain.py
     # credentials: at most one of credentials_file / nkey_seed_file / token / user+password
     credentials_file = "/etc/nats/relay.creds"
@@ -63,10 +64,12 @@ class NatsConfig(TransportConfig):
     expected_stream: str | None = None
     create_stream: StreamSpec | None = None
     ack_timeout: float = Field(5.0, gt=0, le=300, description="seconds to wait for a JetStream ack")
-    pipeline: bool = Field(
-        True,
-        description="publish a stream's events of one batch back to back (one ordered connection) instead of "
-        "waiting for each ack; false = strictly one unacked message per stream",
+    pipeline: bool | Literal["auto"] = Field(
+        "auto",
+        description="true: publish a batch's events back to back on one ordered connection instead of waiting for "
+        "each ack; false: at most one unacked message per stream (streams still in parallel); auto: true, except "
+        "into a replicated or discard=new JetStream stream without the order guard, where a refused message could "
+        "be overtaken by the next one of its stream: there false",
     )
     order_guard: Literal["auto", "last-msg-id", "off"] = Field(
         "off",
@@ -74,8 +77,9 @@ class NatsConfig(TransportConfig):
         "Nats-Expected-Last-Msg-Id so the server stores nothing past a lost or refused message (pipelined "
         "order through stream leader changes and discard=new refusals); auto: on when pipelining into a known "
         "stream (expected_stream, create_stream or a static subject) that is replicated or discards new "
-        "messages; needs this destination to be the stream's only publisher. Our cluster test still loses "
-        "confirmed events with it in some runs (docs/clusters.md): on a cluster use pipeline = false",
+        "messages, and the server is nats-server 2.10.19 or newer; needs this destination to be the stream's only "
+        "publisher. Refused at open on a replicated stream of an older server, whose replicas can drop messages "
+        "after the refusals the guard causes (docs/clusters.md)",
     )
     connect_timeout: float = Field(2.0, gt=0, le=60)
     reconnect_time_wait: float = Field(0.5, ge=0, le=60)

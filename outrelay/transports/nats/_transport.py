@@ -22,29 +22,33 @@ Publishing is pipelined on one connection, acks awaited together, through
 does, without its nats-py 2.16 bug of turning every JetStream API error into
 a timeout).
 
-Per-stream order with ``pipeline = true`` (default): a batch's messages are
-written in batch order on one connection and JetStream stores what one
-connection sends in the order sent, so the events of a stream land in order
-without waiting for each ack. What could break that is a *prefix* being lost
-while a later message is not: NATS over TCP loses whole tails, never holes,
-except that nats-py re-sends its unflushed buffer after a reconnect. The
-transport therefore drops that buffer when the connection drops (the
-messages in it time out and are retried in order) and publishes nothing
-while the client is reconnecting. A message refused locally (too large,
-wildcard subject) stops the later messages of its stream in the batch
-(reported RetryLater, not sent). The one case left is the server refusing
-message *k* of a stream while accepting *k+1* already on the wire (in a
-cluster, a stream leader change between the two; with ``discard=new``
-limits, room appearing between them). The order guard (``order_guard``,
-:mod:`~outrelay.transports.nats._chain`; on by default for replicated and
-``discard=new`` streams) closes it: each message carries
-``Nats-Expected-Last-Msg-Id`` = the previous one's id, so the server refuses
-*k+1* when *k* was not stored (RetryLater, retried in order). Unguarded,
-both outcomes are reported as they are and the break in order is logged
-as a warning. ``pipeline = false``
-waits for each ack before publishing the stream's next message (then even
-that case cannot reorder), at the cost of one round trip per message per
-stream.
+Per-stream order when pipelined: a batch's messages are written in batch
+order on one connection and JetStream stores what one connection sends in
+the order sent, so the events of a stream land in order without waiting for
+each ack. What could break that is a *prefix* being lost while a later
+message is not: NATS over TCP loses whole tails, never holes, except that
+nats-py re-sends its unflushed buffer after a reconnect. The transport
+therefore drops that buffer when the connection drops (the messages in it
+time out and are retried in order) and publishes nothing while the client is
+reconnecting. A message refused locally (too large, wildcard subject) stops
+the later messages of its stream in the batch (reported RetryLater, not
+sent). The one case left is the server refusing message *k* of a stream
+while accepting *k+1* already on the wire: in a cluster, a stream leader
+change between the two; with ``discard=new`` limits, room appearing between
+them. ``pipeline = "auto"`` (the default) therefore pipelines only where that
+cannot happen — a stream that is neither replicated nor ``discard=new``, or
+one the order guard protects — and elsewhere waits for each ack before
+publishing a stream's next message (``pipeline = false``: streams still go in
+parallel, one unacked message each, so even that case cannot reorder). When
+the stream is unknown at open (a templated subject, no ``expected_stream``)
+``auto`` pipelines. The order guard (``order_guard``,
+:mod:`~outrelay.transports.nats._chain`; experimental, off by default, and
+refused on replicated streams of nats-server older than 2.10.19, whose
+replicas can drop messages after refusals) chains each message to the
+previous one with ``Nats-Expected-Last-Msg-Id`` so the server refuses *k+1*
+when *k* was not stored (RetryLater, retried in order). ``pipeline = true``
+without the guard reports both outcomes as they are and logs the break in
+order as a warning.
 
 No responders (no stream for the subject, JetStream not ready), timeouts and
 connection loss are retryable; the client reconnects by itself, and a
@@ -86,7 +90,7 @@ from outrelay.core.transport import (
     send_pipelined,
 )
 from outrelay.transports.nats._acks import AckMux
-from outrelay.transports.nats._chain import WRONG_LAST_MSG_ID, Chain, server_last_id
+from outrelay.transports.nats._chain import GUARD_SAFE_SINCE, WRONG_LAST_MSG_ID, Chain, server_last_id, server_version
 from outrelay.transports.nats._config import NatsConfig, StreamSpec, mask_url
 from outrelay.transports.nats._errors import (
     PublishDenied,
@@ -96,6 +100,7 @@ from outrelay.transports.nats._errors import (
     mapped,
     result_for,
 )
+from outrelay.transports.nats._sockets import close_failed_attempt, close_streams
 
 __all__ = ["NatsConfig", "NatsTransport", "StreamSpec", "connect", "drop_unsent"]
 
@@ -111,6 +116,9 @@ async def connect(cfg: NatsConfig, destination: str, on_denied: Callable[[str], 
     up, so connect with one attempt per server and widen it afterwards.
     ``on_denied(subject)`` is called when the server refuses a publish for lack
     of permission (it says so asynchronously, and no JetStream ack ever comes).
+    Each failed connection attempt, whether the first connect or a reconnect,
+    closes its socket. nats-py itself leaves open the socket of a reconnect whose
+    handshake failed (see :mod:`~outrelay.transports.nats._sockets`).
 
     :raises RetryableError: no server reachable within the bounded time.
     :raises PermanentError: authorization failed, or the server's TLS certificate is not trusted.
@@ -118,6 +126,8 @@ async def connect(cfg: NatsConfig, destination: str, on_denied: Callable[[str], 
 
     auth_errors: list[Exception] = []  # the server's refusal is often followed by a connection reset
     refused: list[str] = []  # a TLS certificate we do not trust (nats-py only reports it here)
+    holder: list[Client] = []
+    close_bound = min(1.0, cfg.connect_timeout)  # to finish closing a failed attempt's socket, then abort it
 
     async def on_error(exc: Exception) -> None:
         subject = denied_subject(exc)
@@ -129,10 +139,11 @@ async def connect(cfg: NatsConfig, destination: str, on_denied: Callable[[str], 
         if reason is not None:
             refused[:] = [reason]
         log.debug("destination %s: nats client error: %s", destination, classify(exc)[1])
+        if holder:  # a failed reconnect attempt: close its socket before nats-py opens the next one
+            await close_failed_attempt(holder[0], close_bound)
 
     opts = cfg.connect_options()
     opts.update(error_cb=on_error, allow_reconnect=True, max_reconnect_attempts=1)
-    holder: list[Client] = []
 
     async def on_disconnect() -> None:
         if holder:
@@ -143,7 +154,12 @@ async def connect(cfg: NatsConfig, destination: str, on_denied: Callable[[str], 
         try:
             nc = Client()
             holder.append(nc)
-            await asyncio.wait_for(nc.connect(**opts, disconnected_cb=on_disconnect), timeout=bound)
+            try:
+                await asyncio.wait_for(nc.connect(**opts, disconnected_cb=on_disconnect), timeout=bound)
+            except BaseException:
+                # past the bound, nats-py is cancelled mid-handshake with the socket still open
+                await close_streams(nc, close_bound)
+                raise
         except (nats.errors.NoServersError, TimeoutError) as exc:
             # the pool ran dry (or the bound passed); say why when the server refused us or we refused it
             if auth_errors:
@@ -207,6 +223,7 @@ class NatsTransport(Transport):
         spec = config.create_stream
         self._dedupe_window: float | None = spec.duplicate_window if spec else None
         self._chain: Chain | None = None  # the order guard (see _chain.py), decided at open
+        self._pipelined = config.pipeline is not False  # decided at open (``pipeline = "auto"``)
         self._inflight: dict[str, tuple[int, asyncio.Future[dict[str, Any]]]] = {}  # guarded, by msg id
         #: event id -> how many times it was re-issued under a new message id (see the module docstring)
         self._reissued: dict[str, int] = {}
@@ -229,6 +246,16 @@ class NatsTransport(Transport):
     def target(self, event: Event) -> str:
         return self._template.render(event)
 
+    @property
+    def pipelined(self) -> bool:
+        """Whether sends pipeline a stream's messages (``pipeline``, as decided at the last open)."""
+        return self._pipelined
+
+    @property
+    def guarded(self) -> bool:
+        """Whether the order guard chains messages (``order_guard``, as decided at the last open)."""
+        return self._chain is not None
+
     # -- lifecycle -----------------------------------------------------------
 
     async def open(self) -> None:
@@ -247,7 +274,7 @@ class NatsTransport(Transport):
             js = nc.jetstream(timeout=self.cfg.ack_timeout)
             if self.cfg.create_stream is not None:
                 await self._ensure_stream(js, self.cfg.create_stream)
-            await self._read_stream_info(js)
+            await self._read_stream_info(js, nc)
             acks = AckMux(nc)
             box.append(acks)
             with mapped("cannot subscribe to the ack inbox", self.destination):
@@ -273,24 +300,43 @@ class NatsTransport(Transport):
             except nats.js.errors.NotFoundError:
                 await js.add_stream(config)
 
-    async def _read_stream_info(self, js: JetStreamContext) -> None:
-        """Learn the duplicate window of the stream we publish to, when it is knowable, and
-        decide the order guard (``order_guard``; a new chain on every open)."""
+    async def _read_stream_info(self, js: JetStreamContext, nc: Client) -> None:
+        """Learn the duplicate window of the stream we publish to, when it is knowable, and decide
+        the order guard and pipelining (``order_guard``, ``pipeline``; a new chain on every open).
+
+        :raises PermanentError: ``order_guard = "last-msg-id"`` on a replicated stream of a server
+            older than :data:`GUARD_SAFE_SINCE` (see :mod:`._chain`: its replicas can drop messages).
+        """
         name = self.cfg.expected_stream or (self.cfg.create_stream.name if self.cfg.create_stream else None)
-        guard = self.cfg.order_guard == "last-msg-id"
+        cfg, version = self.cfg, server_version(nc)
+        guard, replicated, refuses = cfg.order_guard == "last-msg-id", False, False
         try:
             if name is None and self._template.is_static:
-                name = await js.find_stream_name_by_subject(self.cfg.subject)
+                name = await js.find_stream_name_by_subject(cfg.subject)
             if name is not None:
                 info = await js.stream_info(name)
                 self._dedupe_window = info.config.duplicate_window or None
                 replicated = (info.config.num_replicas or 1) > 1
                 refuses = info.config.discard == nats.js.api.DiscardPolicy.NEW
-                guard = guard or (self.cfg.order_guard == "auto" and self.cfg.pipeline and (replicated or refuses))
         except (TimeoutError, nats.errors.Error) as exc:
             # not fatal: publishing reports a missing stream per message
             log.debug("destination %s: no stream info: %s", self.destination, classify(exc)[1])
+        safe = version >= GUARD_SAFE_SINCE
+        if guard and replicated and not safe:
+            raise PermanentError(
+                f'order_guard = "last-msg-id" on replicated stream {name!r} needs nats-server '
+                f"{'.'.join(map(str, GUARD_SAFE_SINCE))} or newer (this one is {'.'.join(map(str, version))}: its "
+                "replicas can drop messages after the refusals the guard causes); remove order_guard (pipeline = "
+                '"auto" keeps per-stream order on a cluster) or upgrade the server',
+                destination=self.destination,
+            )
+        if cfg.order_guard == "auto":
+            guard = cfg.pipeline is not False and (replicated or refuses) and (safe or not replicated)
         self._chain = Chain(name) if guard and name is not None else None
+        # pipelined unless told not to, or unless a refused message could be overtaken unguarded
+        self._pipelined = cfg.pipeline is True or (
+            cfg.pipeline == "auto" and (self._chain is not None or not (replicated or refuses))
+        )
         self._inflight.clear()
 
     async def close(self) -> None:
@@ -320,7 +366,7 @@ class NatsTransport(Transport):
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         acks = await self._ready()
-        if not self.cfg.pipeline:
+        if not self._pipelined:
             # one message in flight per stream: a later one never overtakes a lost or refused one
             return await send_in_key_order(batch, lambda m: self._publish_one(acks, m))
         return await self._send_pipelined(acks, batch)
