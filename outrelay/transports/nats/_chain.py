@@ -31,8 +31,9 @@ which a clustered stream counts on each replica (``clfs``) to keep its
 sequence numbers in step. nats-server before 2.9.21 let that count drift
 between replicas across a leader takeover, and a replica then skipped
 messages it should have stored (nats-io/nats-server#4365; more fixes of the
-same count up to 2.10.19, #5821). Our cluster test saw it on 2.9.10: with the
-guard's refusals, a stream ended with 13,700 of 20,000 confirmed messages.
+same count up to 2.10.19, #5821). Our cluster test on 2.9.10 lost confirmed
+messages only with the guard on (13,700 of 20,000 stored in one run; rare),
+which matches that defect (not caught in the act).
 So the guard is allowed on a replicated stream only from
 :data:`GUARD_SAFE_SINCE` on (refused at open before; ``auto`` stays off), and
 ``pipeline = "auto"`` falls back to one message in flight per stream there.
