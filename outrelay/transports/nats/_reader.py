@@ -68,7 +68,7 @@ class NatsReader(Reader):
         self._sub: JetStreamContext.PullSubscription | None = None
 
     async def start(self) -> None:
-        from outrelay.transports.nats._transport import connect
+        from outrelay.transports.nats._connect import connect
 
         self._nc = await connect(self.cfg, self.destination)
         js = self._nc.jetstream(timeout=self.cfg.ack_timeout)

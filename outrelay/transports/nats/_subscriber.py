@@ -164,7 +164,7 @@ class NatsBackend(SubscriptionBackend):
 
     async def _connect(self) -> JetStreamContext:
         """Connect and find the stream. :raises RetryableError/PermanentError:"""
-        from outrelay.transports.nats._transport import connect
+        from outrelay.transports.nats._connect import connect
 
         nc = await connect(self.cfg, self.destination)
         js = nc.jetstream(timeout=self.cfg.ack_timeout)

@@ -62,8 +62,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import nats
@@ -73,10 +72,9 @@ from nats.js.client import JetStreamContext
 
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
-from outrelay.core.errors import PermanentError, RetryableError, TransportError, UsageError
+from outrelay.core.errors import PermanentError, UsageError
 from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 from outrelay.core.templates import Template
-from outrelay.core.tls import certificate_refused, tls_hint
 from outrelay.core.transport import (
     Capabilities,
     Delivered,
@@ -91,89 +89,19 @@ from outrelay.core.transport import (
 )
 from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._chain import GUARD_SAFE_SINCE, WRONG_LAST_MSG_ID, Chain, server_last_id, server_version
-from outrelay.transports.nats._config import NatsConfig, StreamSpec, mask_url
+from outrelay.transports.nats._config import NatsConfig, StreamSpec
+from outrelay.transports.nats._connect import connect, drop_unsent
 from outrelay.transports.nats._errors import (
-    PublishDenied,
     classify,
-    denied_subject,
-    is_auth_error,
     mapped,
     result_for,
 )
-from outrelay.transports.nats._sockets import close_failed_attempt, close_streams
 
 __all__ = ["NatsConfig", "NatsTransport", "StreamSpec", "connect", "drop_unsent"]
 
 log = logging.getLogger("outrelay.transports.nats")
 _WILDCARD = re.compile(r"(^|\.)([*>]|)(\.|$)")
 _WHITESPACE = re.compile(r"\s")
-
-
-async def connect(cfg: NatsConfig, destination: str, on_denied: Callable[[str], Any] | None = None) -> Client:
-    """Connect once to the first reachable server, quickly; then reconnect forever.
-
-    nats-py retries the *initial* connect until max_reconnect_attempts is used
-    up, so connect with one attempt per server and widen it afterwards.
-    ``on_denied(subject)`` is called when the server refuses a publish for lack
-    of permission (it says so asynchronously, and no JetStream ack ever comes).
-    Each failed connection attempt, whether the first connect or a reconnect,
-    closes its socket. nats-py itself leaves open the socket of a reconnect whose
-    handshake failed (see :mod:`~outrelay.transports.nats._sockets`).
-
-    :raises RetryableError: no server reachable within the bounded time.
-    :raises PermanentError: authorization failed, or the server's TLS certificate is not trusted.
-    """
-
-    auth_errors: list[Exception] = []  # the server's refusal is often followed by a connection reset
-    refused: list[str] = []  # a TLS certificate we do not trust (nats-py only reports it here)
-    holder: list[Client] = []
-    close_bound = min(1.0, cfg.connect_timeout)  # to finish closing a failed attempt's socket, then abort it
-
-    async def on_error(exc: Exception) -> None:
-        subject = denied_subject(exc)
-        if subject is not None and on_denied is not None:
-            on_denied(subject)
-        if is_auth_error(exc):
-            auth_errors[:] = [exc]
-        reason = certificate_refused(exc)
-        if reason is not None:
-            refused[:] = [reason]
-        log.debug("destination %s: nats client error: %s", destination, classify(exc)[1])
-        if holder:  # a failed reconnect attempt: close its socket before nats-py opens the next one
-            await close_failed_attempt(holder[0], close_bound)
-
-    opts = cfg.connect_options()
-    opts.update(error_cb=on_error, allow_reconnect=True, max_reconnect_attempts=1)
-
-    async def on_disconnect() -> None:
-        if holder:
-            drop_unsent(holder[0])
-
-    bound = (cfg.connect_timeout + cfg.reconnect_time_wait) * 2 * len(cfg.servers) + 1.0
-    with mapped(f"cannot connect to {cfg.where}", destination):
-        try:
-            nc = Client()
-            holder.append(nc)
-            try:
-                await asyncio.wait_for(nc.connect(**opts, disconnected_cb=on_disconnect), timeout=bound)
-            except BaseException:
-                # past the bound, nats-py is cancelled mid-handshake with the socket still open
-                await close_streams(nc, close_bound)
-                raise
-        except (nats.errors.NoServersError, TimeoutError) as exc:
-            # the pool ran dry (or the bound passed); say why when the server refused us or we refused it
-            if auth_errors:
-                raise auth_errors[0] from exc
-            if refused:
-                hint = tls_hint(refused[0], "tls_ca_file")
-                raise PermanentError(f"cannot connect to {cfg.where}: {hint}", destination=destination) from exc
-            if isinstance(exc, TimeoutError):
-                raise RetryableError(
-                    f"cannot connect to {cfg.where}: no server answered within {bound:.0f}s", destination=destination
-                ) from exc
-            raise
-    nc.options["max_reconnect_attempts"] = -1  # read on every reconnect attempt
-    return nc
 
 
 _REISSUE_LIMIT = 100_000  # event ids remembered for re-issuing (a few MB at most)
@@ -186,23 +114,6 @@ _PHANTOM = (
 def _delivered(ack: dict[str, Any]) -> bool:
     """An ack that proves the message is stored: not a "duplicate" of sequence 0 (see the module docstring)."""
     return not ack.get("duplicate") or bool(ack.get("seq"))
-
-
-def drop_unsent(nc: Client) -> int:
-    """Forget what nats-py buffered but did not write before a connection dropped.
-
-    nats-py writes that buffer to the *next* connection, after messages that
-    were on the lost one may have vanished: a later event could then be
-    stored before an earlier one of its stream. Dropped messages get no ack,
-    time out and are retried in order. Returns the number of bytes dropped.
-    (Reaches into nats-py's private buffer; ``tests/transports/test_nats.py``
-    fails if a nats-py release renames it.)
-    """
-    size = int(getattr(nc, "_pending_data_size", 0))
-    if isinstance(getattr(nc, "_pending", None), list):
-        nc._pending = []
-        nc._pending_data_size = 0
-    return size
 
 
 class NatsTransport(Transport):
@@ -523,81 +434,25 @@ class NatsTransport(Transport):
     # -- probes --------------------------------------------------------------
 
     async def check(self) -> str:
-        """Reachability and a stream bound to the subject (publish permission is
-        proven by the stream lookup going through the account's JetStream API);
-        with ``create_stream``, a missing stream is reported as one the relay will
-        create (check creates nothing).
+        """Reachability, a stream bound to the subject, and publish permission (see :mod:`._check`);
+        with ``create_stream``, a missing stream is reported as one the relay will create (check
+        creates nothing).
 
-        :raises RetryableError: unreachable. :raises PermanentError: no stream.
+        :raises RetryableError: unreachable, or no answer in time.
+        :raises PermanentError: no stream, the wrong stream, or publishing denied.
         """
+        from outrelay.transports.nats._check import check
+
         was = self._state
         denied: list[str] = []
         nc = await connect(self.cfg, self.destination, on_denied=denied.append)
         try:
             if was == "reconnecting" and self._state == "closed":
                 raise UsageError(f"nats transport {self.destination!r} was closed while reconnecting")
-            js = nc.jetstream(timeout=self.cfg.ack_timeout)
-            spec = self.cfg.create_stream
-            if spec is not None:  # what open() would do; check itself creates nothing
-                try:
-                    with mapped(f"stream info {spec.name!r}", self.destination):
-                        await js.stream_info(spec.name)
-                except TransportError:
-                    return (
-                        f"{self.cfg.where}: stream {spec.name!r} does not exist yet; the relay creates it at open "
-                        "(create_stream); check created nothing"
-                    )
             probe = self._template.render(Event(type="outrelay.check", stream="check"))
-            try:
-                with mapped("stream lookup", self.destination):
-                    stream = await js.find_stream_name_by_subject(probe)
-            except TransportError as exc:
-                from outrelay.transports.nats._subscriber import derive_target
-
-                try:
-                    subjects = derive_target(self.cfg.subject, destination=self.destination)
-                except PermanentError:
-                    subjects = probe
-                raise PermanentError(
-                    f"no JetStream stream covers the subjects {subjects!r} on {self.cfg.where}: create one "
-                    f"(nats stream add --subjects '{subjects}') or set create_stream",
-                    destination=self.destination,
-                ) from exc
-            if self.cfg.expected_stream and stream != self.cfg.expected_stream:
-                raise PermanentError(
-                    f"subject {probe!r} belongs to stream {stream!r}, not expected_stream "
-                    f"{self.cfg.expected_stream!r}: fix one of them",
-                    destination=self.destination,
-                )
-            with mapped(f"stream info {stream!r}", self.destination):
-                info = await js.stream_info(stream)
-            await self._probe_publish(nc, probe, denied)
-            window = info.config.duplicate_window or 0
-            url = mask_url(nc.connected_url.geturl()) if nc.connected_url else self.cfg.where
-            return f"{url}: stream {stream!r} takes {probe!r} (dedupe window {window:g}s)"
+            return await check(self.cfg, self.destination, nc, probe, denied)
         finally:
             await nc.close()
-
-    async def _probe_publish(self, nc: Client, subject: str, denied: list[str]) -> None:
-        """Prove the user may publish to ``subject`` without storing anything: a
-        publish whose ``Nats-Expected-Stream`` names no stream is refused by
-        JetStream (an answer: permitted), while a denied publish gets the
-        server's asynchronous permissions violation and no answer.
-
-        :raises PermanentError: publishing is denied. :raises RetryableError: no answer in time.
-        """
-        headers = {"Nats-Expected-Stream": f"outrelay-check-probe-{uuid.uuid4().hex}"}
-        try:
-            await nc.request(subject, b"", timeout=self.cfg.ack_timeout, headers=headers)
-        except (nats.errors.Error, TimeoutError) as exc:
-            await asyncio.sleep(0)  # let a pending error callback run
-            if not denied:
-                retryable, message = classify(exc, subject)
-                cls = RetryableError if retryable else PermanentError
-                raise cls(f"publish probe: {message}", destination=self.destination) from None
-        if denied:
-            retryable, message = classify(PublishDenied(subject))
-            raise PermanentError(f"{self.cfg.where}: {message}", destination=self.destination)
 
     def reader(self, target: str, **options: Any) -> Reader:
         from outrelay.transports.nats._reader import NatsReader
