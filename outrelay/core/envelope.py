@@ -17,8 +17,7 @@ what comes off the wire (the constructor's validation, same errors) and
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
@@ -27,14 +26,23 @@ import orjson
 
 from outrelay.core._event_checks import BAD_CHAR as _BAD_CHAR
 from outrelay.core._event_checks import bad_char as _bad_char
+from outrelay.core._event_checks import (
+    check_id,
+    check_optional,
+    check_source,
+    check_stream,
+    check_tags,
+    check_text,
+    check_time,
+    check_type,
+)
 from outrelay.core._event_checks import has_non_finite as _has_non_finite
 from outrelay.core.errors import EventError
-from outrelay.core.ids import is_valid_id, uuid7
+from outrelay.core.ids import uuid7
 
 __all__ = ["JSON_CONTENT_TYPES", "Event", "is_json_content_type"]
 
 JSON_CONTENT_TYPES = ("application/json", "text/json")
-_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,254}$")
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
@@ -97,45 +105,20 @@ class Event:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        if not isinstance(self.type, str) or not _TYPE_RE.match(self.type):
-            raise EventError(f"event type {self.type!r} is invalid: use 1-255 characters of letters, digits and ._:/-")
-        if not isinstance(self.stream, str) or not self.stream or len(self.stream) > 512:
-            raise EventError(
-                f"event stream {self.stream!r} is invalid: give a non-empty string of at most 512 characters"
-            )
-        if not isinstance(self.id, str) or not is_valid_id(self.id):
-            raise EventError(f"event id {self.id!r} is invalid: give 1-200 printable ASCII characters without spaces")
-        if not isinstance(self.source, str) or not self.source:
-            raise EventError("event source must be a non-empty URI-reference string")
-        if not isinstance(self.time, datetime) or self.time.tzinfo is None:
-            raise EventError("event time must be a timezone-aware datetime")
-        set_(self, "time", self.time.astimezone(UTC))
+        check_type(self.type)
+        check_stream(self.stream)
+        check_id(self.id)
+        check_source(self.source)
+        set_(self, "time", check_time(self.time).astimezone(UTC))
         if isinstance(self.event_version, int):
             set_(self, "event_version", str(self.event_version))
-        for name in ("tenant", "correlation_id", "causation_id", "schema_version", "producer_version", "subject"):
-            value = getattr(self, name)
-            if value is not None:
-                if not isinstance(value, str) or not value:
-                    raise EventError(f"event {name} must be a non-empty string or None, got {value!r}")
-                # isprintable() is a fast C pre-check: False for every refused character, and rarely otherwise
-                if not value.isprintable() and _BAD_CHAR.search(value):
-                    raise _bad_char(name, value)
+        for name in _OPTIONAL:
+            check_optional(name, getattr(self, name))
         for name in ("stream", "source", "event_version", "content_type"):
-            value = getattr(self, name)
-            if isinstance(value, str) and not value.isprintable() and _BAD_CHAR.search(value):
-                raise _bad_char(name, value)
+            check_text(name, getattr(self, name))
         set_(self, "labels", _str_map("labels", self.labels))
         set_(self, "metadata", _str_map("metadata", self.metadata))
-        tags = self.tags
-        if isinstance(tags, str) or not isinstance(tags, Iterable):
-            raise EventError("event tags must be a sequence of strings")
-        tags = tuple(tags)
-        if not all(isinstance(t, str) and t for t in tags):
-            raise EventError("event tags must be non-empty strings")
-        for t in tags:
-            if not t.isprintable() and _BAD_CHAR.search(t):
-                raise _bad_char(f"tag {t!r}", t)
-        set_(self, "tags", tags)
+        set_(self, "tags", check_tags(self.tags))
         data, ctype = _encode_data(self.data, self.content_type)
         set_(self, "data", data)
         set_(self, "content_type", ctype)
@@ -296,29 +279,25 @@ _PUT_ID, _PUT_TYPE, _PUT_STREAM, _PUT_SOURCE, _PUT_VERSION, _PUT_CTYPE = (
 
 
 def _checked(cls: type[Event], fields: Mapping[str, Any], data: Any) -> Event:
-    # Event.__post_init__ unrolled for the fields present; tests/core/test_envelope_checked.py holds the two equal
+    # Event.__post_init__ for the fields present, with fast paths; the rules and messages are the shared
+    # check_* functions, and tests/core/test_envelope_checked.py holds the two paths equal
     get = fields.get
     type_, stream = fields["type"], fields["stream"]
     if type(type_) is not str or type_ not in _GOOD_TYPES:  # (a list is unhashable)
-        if not isinstance(type_, str) or not _TYPE_RE.match(type_):
-            raise EventError(f"event type {type_!r} is invalid: use 1-255 characters of letters, digits and ._:/-")
+        check_type(type_)
         if len(_GOOD_TYPES) < 4096:  # a topic carries few types: the regex runs once per type
             _GOOD_TYPES.add(type_)
-    if not isinstance(stream, str) or not stream or len(stream) > 512:
-        raise EventError(f"event stream {stream!r} is invalid: give a non-empty string of at most 512 characters")
+    check_stream(stream)
     id_ = fields["id"] if "id" in fields else uuid7()
-    if not isinstance(id_, str) or not is_valid_id(id_):
-        raise EventError(f"event id {id_!r} is invalid: give 1-200 printable ASCII characters without spaces")
+    check_id(id_)
     source = get("source", "outrelay")
-    if not isinstance(source, str) or not source:
-        raise EventError("event source must be a non-empty URI-reference string")
+    check_source(source)
     time, text = get("time"), None
     if time is None and "time" not in fields:
         time = datetime.now(UTC)
     elif isinstance(time, str):
         time, text = _parse_time(time)
-    if not isinstance(time, datetime) or time.tzinfo is None:
-        raise EventError("event time must be a timezone-aware datetime")
+    time = check_time(time)
     if time.tzinfo is not UTC:
         time, text = time.astimezone(UTC), None
     version = get("event_version", "1")
@@ -331,36 +310,23 @@ def _checked(cls: type[Event], fields: Mapping[str, Any], data: Any) -> Event:
     else:
         for name, put in _PUT_OPTIONAL:
             value = get(name)
-            if value is not None:
-                if not isinstance(value, str) or not value:
-                    raise EventError(f"event {name} must be a non-empty string or None, got {value!r}")
-                if not value.isprintable() and _BAD_CHAR.search(value):
-                    raise _bad_char(name, value)
+            check_optional(name, value)
             put(self, value)
     ctype = get("content_type")
     plain = stream.isprintable() and source.isprintable()
     plain = plain and (not isinstance(version, str) or version.isprintable())
     if not (plain and (not isinstance(ctype, str) or ctype.isprintable())):  # rare: the first refused one, in order
-        texts = (("stream", stream), ("source", source), ("event_version", version), ("content_type", ctype))
-        for name, value in texts:
-            if isinstance(value, str) and not value.isprintable() and _BAD_CHAR.search(value):
-                raise _bad_char(name, value)
+        for name, value in (
+            ("stream", stream),
+            ("source", source),
+            ("event_version", version),
+            ("content_type", ctype),
+        ):
+            check_text(name, value)
     labels, metadata = get("labels"), get("metadata")
     _PUT_LABELS(self, _str_map("labels", labels) if labels else _EMPTY)
     _PUT_METADATA(self, _str_map("metadata", metadata) if metadata else _EMPTY)
-    if "tags" in fields:
-        tags = fields["tags"]
-        if isinstance(tags, str) or not isinstance(tags, Iterable):
-            raise EventError("event tags must be a sequence of strings")
-        tags = tuple(tags)
-        if not all(isinstance(t, str) and t for t in tags):
-            raise EventError("event tags must be non-empty strings")
-        for t in tags:
-            if not t.isprintable() and _BAD_CHAR.search(t):
-                raise _bad_char(f"tag {t!r}", t)
-        _PUT_TAGS(self, tags)
-    else:
-        _PUT_TAGS(self, ())
+    _PUT_TAGS(self, check_tags(fields["tags"]) if "tags" in fields else ())
     if type(data) is bytes:
         ctype = ctype or ("application/octet-stream" if data else None)
     else:
