@@ -6,13 +6,19 @@ default, against a real namespace when OUTRELAY_SERVICEBUS_CONNECTION_STRING is 
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import socket
 import time
 import uuid
+import warnings
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 
 import pytest
 
 from outrelay import Event, Message, RetryableError, TransportError, UsageError
+from outrelay.conformance._proxy import TcpProxy
 from outrelay.core.transport import Delivered, Rejected, RetryLater
 from outrelay.transports.servicebus._config import ServiceBusConfig, mask
 from outrelay.transports.servicebus._transport import ServiceBusTransport
@@ -227,3 +233,138 @@ class TestLifecycle:
         queue = await servicebus_env.provision(_name())
         line = await _transport(servicebus_env, queue).check()
         assert queue in line and "\n" not in line
+
+
+def _open_writers(port: int) -> int:
+    """How many asyncio StreamWriters to 127.0.0.1:``port`` are alive and not closed (found among live objects)."""
+    return sum(
+        1
+        for o in gc.get_objects()
+        if isinstance(o, asyncio.StreamWriter)
+        and not o.transport.is_closing()
+        and (o.get_extra_info("peername") or ("", 0))[1] == port
+    )
+
+
+def _resource_warnings() -> list[str]:
+    """Collect garbage now and return the ResourceWarnings it raised (an unclosed socket/transport shows here)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+class _BlackHole:
+    """A listening socket that never answers: TCP connects (the kernel's backlog), AMQP never starts."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0), backlog=16)
+        self.port: int = self.sock.getsockname()[1]
+
+    def closed_by_client(self, timeout: float = 2.0) -> list[bool]:
+        """Accept every connection made so far and say, per connection, whether the client closed it (EOF)."""
+        self.sock.settimeout(0.2)
+        out: list[bool] = []
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                return out
+            with conn:
+                conn.settimeout(timeout)
+                try:
+                    while conn.recv(4096):
+                        pass
+                    out.append(True)
+                except TimeoutError:
+                    out.append(False)
+                except ConnectionResetError:  # an aborted socket is closed too
+                    out.append(True)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def _reader_start(t: ServiceBusTransport) -> None:
+    reader = t.reader("q")
+    try:
+        await reader.start()
+    finally:
+        await reader.stop()
+
+
+class TestSockets:
+    """Every socket the SDK opens for the transport is closed by the time the call returns (no garbage collector)."""
+
+    @pytest.mark.parametrize(
+        "call",
+        [lambda t: t.open(), lambda t: t.check(), _reader_start],
+        ids=["open", "check", "reader-start"],
+    )
+    async def test_black_hole_timeout_closes_the_socket(
+        self, call: Callable[[ServiceBusTransport], Awaitable[object]]
+    ) -> None:
+        """A call that times out on a link that accepts and never answers raises RetryableError, and the
+        connection it made is closed when it returns (the far end reads EOF), with nothing left for gc."""
+        hole = _BlackHole()
+        try:
+            cfg = ServiceBusConfig(connection_string=connection_string(hole.port), queue="q", open_timeout=1.0)
+            t = ServiceBusTransport(cfg)
+            with pytest.raises(RetryableError, match=r"within open_timeout=1\.0s"):
+                await call(t)
+            await t.close()
+            assert _open_writers(hole.port) == 0
+            closed = hole.closed_by_client()
+            assert closed and all(closed), f"connections left open by the SDK: {closed}"
+        finally:
+            hole.close()
+        del t
+        assert _resource_warnings() == []
+
+    async def test_cancelled_open_closes_the_socket(self) -> None:
+        """open() cancelled by its caller mid-handshake (well before open_timeout) re-raises CancelledError, and
+        the connection it made is closed by then."""
+        hole = _BlackHole()
+        try:
+            cfg = ServiceBusConfig(connection_string=connection_string(hole.port), queue="q", open_timeout=30)
+            t = ServiceBusTransport(cfg)
+            task = asyncio.create_task(t.open())
+            await asyncio.sleep(0.5)  # connected; the SASL handshake waits for an answer that never comes
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert _open_writers(hole.port) == 0
+            closed = hole.closed_by_client()
+            assert closed and all(closed), f"connections left open by the SDK: {closed}"
+        finally:
+            hole.close()
+        del t, task
+        assert _resource_warnings() == []
+
+    async def test_cut_mid_batch_then_close_leaves_no_socket(self, servicebus_env: ServiceBusEnv) -> None:
+        """After a connection is cut halfway through a batch, the sender is dropped and close() returns with
+        no socket of the transport still open (the SDK alone leaves the broken one to gc)."""
+        peer = servicebus_env.require_peer("a TCP proxy in front of the broker")
+        queue = await servicebus_env.provision(_name())
+        proxy = TcpProxy("127.0.0.1", peer.port)
+        await proxy.start()
+        try:
+            cfg = ServiceBusConfig(connection_string=connection_string(proxy.port), queue=queue, open_timeout=3)
+            t = ServiceBusTransport(cfg)
+            await t.open()
+
+            def batch(n: int) -> list[Message]:
+                kind = "application/octet-stream"
+                return _msgs([Event(type="t", stream="k", data=b"x" * 512, content_type=kind) for _ in range(n)], queue)
+
+            before = proxy.stats["bytes_up"]
+            assert await t.send(batch(1)) == [Delivered()]
+            proxy.cut_after(max(1, (proxy.stats["bytes_up"] - before) * 4))
+            results = await t.send(batch(8))
+            assert not proxy.armed and not all(isinstance(r, Delivered) for r in results)
+            await t.close()
+            assert _open_writers(proxy.port) == 0
+        finally:
+            await proxy.stop()
+        del t
+        assert _resource_warnings() == []

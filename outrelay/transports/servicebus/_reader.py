@@ -12,6 +12,10 @@ provisions a fresh queue per target). A topic reader needs
 ``subscription=NAME`` (an existing subscription). With ``sessions`` the
 reader accepts the next available session, drains it, and moves on, so each
 stream comes back in order.
+
+Every SDK receiver is wrapped in a :class:`~._sockets.Guarded`: its sockets
+are closed when an open times out or fails, after each session, and on
+:meth:`stop`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from outrelay.core import cloudevents
 from outrelay.core.errors import RetryableError, UsageError
 from outrelay.core.transport import Reader, Received
 from outrelay.transports.servicebus._config import ServiceBusConfig, broker_id, make_client, mask
+from outrelay.transports.servicebus._sockets import Guarded
 
 __all__ = ["ServiceBusReader"]
 
@@ -47,7 +52,7 @@ class ServiceBusReader(Reader):
         self.entity = entity
         self.subscription = subscription
         self._client: Any = None
-        self._receiver: Any = None
+        self._receiver: Guarded | None = None
         self._buffer: list[Received] = []
 
     async def start(self) -> None:
@@ -55,11 +60,22 @@ class ServiceBusReader(Reader):
         if not self.cfg.sessions:
             try:
                 self._receiver = await self._open_receiver(None)
+            except TimeoutError:
+                await self.stop()
+                raise RetryableError(
+                    f"no receiver attached to {self.entity!r} on {self.cfg.endpoint} within "
+                    f"open_timeout={self.cfg.open_timeout}s; check that the endpoint is reachable and answers AMQP"
+                ) from None
             except Exception as exc:
                 await self.stop()
                 raise RetryableError(mask(f"cannot attach a receiver to {self.entity!r}: {exc}", self.cfg)) from None
 
-    async def _open_receiver(self, session: Any) -> Any:
+    async def _open_receiver(self, session: Any) -> Guarded:
+        """An open receiver (of ``session`` when given); a failed open leaves no socket behind.
+
+        :raises TimeoutError: not open within open_timeout.
+        :raises Exception: the SDK's error.
+        """
         from azure.servicebus import ServiceBusReceiveMode
 
         opts: dict[str, Any] = {"receive_mode": ServiceBusReceiveMode.RECEIVE_AND_DELETE, "max_wait_time": 1}
@@ -69,8 +85,9 @@ class ServiceBusReader(Reader):
             r = self._client.get_subscription_receiver(self.entity, self.subscription, **opts)
         else:
             r = self._client.get_queue_receiver(self.entity, **opts)
-        await asyncio.wait_for(r.__aenter__(), self.cfg.open_timeout)
-        return r
+        guarded = Guarded(r)
+        await guarded.open(self.cfg.open_timeout)
+        return guarded
 
     def _decode(self, msg: Any) -> Received:
         props = {_text(k): _text(v) for k, v in (msg.application_properties or {}).items()}
@@ -100,7 +117,8 @@ class ServiceBusReader(Reader):
                 for got in batches:
                     out += got
             else:
-                msgs = await self._receiver.receive_messages(max_message_count=count - len(out), max_wait_time=wait)
+                assert self._receiver is not None  # start() opened it (no sessions)
+                msgs = await self._receiver.sdk.receive_messages(max_message_count=count - len(out), max_wait_time=wait)
                 out += [self._decode(m) for m in msgs]
         out, self._buffer = out[:count], out[count:]
         return out
@@ -111,7 +129,7 @@ class ServiceBusReader(Reader):
         from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError
 
         try:
-            receiver = await self._open_receiver(NEXT_AVAILABLE_SESSION)
+            guarded = await self._open_receiver(NEXT_AVAILABLE_SESSION)
         except (OperationTimeoutError, TimeoutError):
             await asyncio.sleep(wait / 4)
             return []
@@ -124,7 +142,7 @@ class ServiceBusReader(Reader):
             # frames are still on their way (a busy client), so ask again. After the first
             # message, 0.5 s of silence means the session is drained.
             while len(out) < count and empty < (1 if out else 3):
-                msgs = await receiver.receive_messages(
+                msgs = await guarded.sdk.receive_messages(
                     max_message_count=count - len(out), max_wait_time=wait if not out else 0.5
                 )
                 if not msgs:
@@ -135,13 +153,14 @@ class ServiceBusReader(Reader):
         except OperationTimeoutError:  # the session could not be locked after all
             pass
         finally:
-            await receiver.close()
+            await guarded.close()
         return out
 
     async def stop(self) -> None:
         receiver, self._receiver = self._receiver, None
         client, self._client = self._client, None
-        for obj in (receiver, client):
-            if obj is not None:
-                with contextlib.suppress(Exception):  # best effort
-                    await obj.close()
+        if receiver is not None:
+            await receiver.close()
+        if client is not None:
+            with contextlib.suppress(Exception):  # best effort
+                await client.close()

@@ -26,6 +26,11 @@ Failure modes: ``server-busy`` -> RetryLater with ``busy_retry_after``;
 connection/timeout/auth/not-found/quota -> RetryLater (the sender is
 re-created next time); too large -> Rejected; other non-retryable SDK
 errors -> Rejected. Connection strings never appear in messages.
+
+Sockets: every SDK sender is wrapped in a :class:`~._sockets.Guarded`, so the
+AMQP connections it opened are closed when an open times out or is
+cancelled, when a sender is dropped after a failure, and on ``close()``. The
+SDK alone leaves some of them to the garbage collector (see ``_sockets``).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from outrelay.core.transport import (
 )
 from outrelay.transports.servicebus._config import ServiceBusConfig, broker_id, make_client, mask
 from outrelay.transports.servicebus._reader import ServiceBusReader
+from outrelay.transports.servicebus._sockets import Guarded
 
 __all__ = ["ServiceBusConfig", "ServiceBusTransport"]
 
@@ -65,6 +71,8 @@ def classify(exc: BaseException, cfg: ServiceBusConfig) -> SendResult:
     """Map one SDK failure to a per-message result (the one boundary)."""
     from azure.servicebus import exceptions as sbe
 
+    if isinstance(exc, RetryableError):  # already ours (e.g. a sender that did not attach in time)
+        return RetryLater(str(exc), exc.retry_after)
     text = mask(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, cfg)
     if isinstance(exc, sbe.ServiceBusServerBusyError):
         return RetryLater(f"Service Bus is busy: {text}", cfg.busy_retry_after)
@@ -118,7 +126,7 @@ class ServiceBusTransport(Transport):
         where = f"destinations.{destination}.{'queue' if config.queue is not None else 'topic'}"
         self._template = Template(config.entity, where=where, segment="name", alphabet=r"A-Za-z0-9._\-")
         self._client: Any = None
-        self._senders: dict[str, Any] = {}
+        self._senders: dict[str, Guarded] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._state = "new"
 
@@ -158,33 +166,56 @@ class ServiceBusTransport(Transport):
                     raise
 
     async def _sender(self, entity: str) -> Any:
-        """The open sender of ``entity`` (opened on first use, bounded by open_timeout)."""
-        sender = self._senders.get(entity)
-        if sender is None:
-            if self.cfg.queue is not None:
-                sender = self._client.get_queue_sender(entity)
-            else:
-                sender = self._client.get_topic_sender(entity)
+        """The open SDK sender of ``entity`` (opened on first use, bounded by open_timeout).
+
+        A failed open leaves no socket behind (see ``_sockets``).
+
+        :raises RetryableError: not attached within open_timeout, or the transport was closed meanwhile.
+        :raises Exception: the SDK's error (callers classify it).
+        """
+        guarded = self._senders.get(entity)
+        if guarded is None:
+            client = self._client
+            if client is None:
+                raise self._closed_error()
+            sdk = client.get_queue_sender(entity) if self.cfg.queue is not None else client.get_topic_sender(entity)
+            guarded = Guarded(sdk)
             try:
-                await asyncio.wait_for(sender.__aenter__(), self.cfg.open_timeout)
-            except BaseException:
-                await _quiet_close(sender)
-                raise
-            self._senders[entity] = sender
-        return sender
+                await guarded.open(self.cfg.open_timeout)
+            except TimeoutError:
+                raise RetryableError(
+                    f"no sender attached to {entity!r} on {self.cfg.endpoint} within open_timeout="
+                    f"{self.cfg.open_timeout}s; check that the endpoint is reachable and answers AMQP, "
+                    "or raise open_timeout",
+                    destination=self.destination,
+                ) from None
+            if self._client is not client:  # close() ran while this sender attached: it must not outlive it
+                await guarded.close()
+                raise self._closed_error()
+            self._senders[entity] = guarded
+        return guarded.sdk
+
+    def _closed_error(self) -> RetryableError:
+        return RetryableError(
+            f"servicebus transport {self.destination!r} was closed during this call; open() it again",
+            destination=self.destination,
+        )
 
     async def _drop_sender(self, entity: str) -> None:
-        sender = self._senders.pop(entity, None)
-        if sender is not None:
-            await _quiet_close(sender)
+        guarded = self._senders.pop(entity, None)
+        if guarded is not None:
+            await guarded.close()
 
     async def close(self) -> None:
+        """Close every sender and the client; every socket they opened is closed when this returns.
+
+        Idempotent; raises nothing (closing confirms nothing more)."""
         senders, self._senders = list(self._senders.values()), {}
         client, self._client = self._client, None
         if self._state == "open":
             self._state = "closed"
-        for s in senders:
-            await _quiet_close(s)
+        for guarded in senders:
+            await guarded.close()
         if client is not None:
             await _quiet_close(client)
 
