@@ -14,11 +14,11 @@ import re
 import secrets
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 
-__all__ = ["long_secret", "rabbitmq_users", "skip_fault_checks"]
+__all__ = ["long_secret", "rabbitmq_users", "skip_checks", "skip_fault_checks"]
 
 
 def skip_fault_checks(request: pytest.FixtureRequest, reason: str) -> None:
@@ -30,6 +30,20 @@ def skip_fault_checks(request: pytest.FixtureRequest, reason: str) -> None:
     name = getattr(request.node, "originalname", request.node.name)
     if name.startswith("test_fault_"):
         pytest.skip(f"fault proxy not applicable: {reason}")
+
+
+def skip_checks(request: pytest.FixtureRequest, reasons: Mapping[str, str]) -> None:
+    """Skip the current test when it runs one of the checks named in ``reasons`` (check name -> why).
+
+    For hooks a peer cannot support (``secret``, ``make_forbidden``...): the report then says what the
+    peer lacks instead of the kit's generic "the target declares no <hook>". Call it from an autouse
+    fixture of a ``ConformanceSuite`` subclass; like :func:`skip_fault_checks` it is a skip by declared
+    limitation, which ``OUTRELAY_REQUIRE_SERVICES=1`` leaves a skip.
+    """
+    name = getattr(request.node, "originalname", request.node.name)
+    reason = reasons.get(name.removeprefix("test_"))
+    if reason is not None:
+        pytest.skip(reason)
 
 
 def long_secret(prefix: str = "orsecret") -> str:

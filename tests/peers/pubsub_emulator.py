@@ -10,6 +10,15 @@ session. Without the package the tests skip through :func:`tests.services.need`.
 answers every n-th ``Publish`` RPC with gRPC ``RESOURCE_EXHAUSTED`` (what
 Pub/Sub returns when a quota is exceeded); the emulator itself cannot be
 made to throttle.
+
+The emulator authenticates no one and checks no permission: it logs "IAM
+integration is disabled. IAM policy methods and ACL checks are not supported"
+unless started with the undocumented ``--enable_iam_integration``, which hands
+every check to a separate "IAM emulator" (``--iam_host``/``--iam_port``, an
+internal ``IamInternal`` gRPC API) that Google does not ship. And the transport
+sends no credentials to an ``emulator_host`` (an insecure channel, anonymous):
+``credentials_file`` applies to the real service only. :data:`NO_AUTH` says so
+for the credential checks of the conformance suite.
 """
 
 from __future__ import annotations
@@ -30,9 +39,19 @@ import pytest
 
 from tests.services import free_port, need, port_open
 
-__all__ = ["PROJECT", "ThrottlingProxy", "create_topic", "pubsub_emulator"]
+__all__ = ["NO_AUTH", "PROJECT", "ThrottlingProxy", "create_topic", "pubsub_emulator"]
 
 PROJECT = "test-project"
+#: why the conformance suite's credential checks cannot run against the emulator (check name -> skip reason)
+NO_AUTH = {
+    "secret_never_leaks": "no secret to configure: with emulator_host the transport connects to the Pub/Sub emulator "
+    "anonymously over plaintext gRPC (credentials_file applies to the real service only)",
+    **dict.fromkeys(
+        ("forbidden_send_permanent", "forbidden_check_says_what"),
+        "the Pub/Sub emulator checks no permissions (IAM integration is off; turning it on needs Google's IAM "
+        "emulator, which is not distributed), so no caller can be refused",
+    ),
+}
 _CANDIDATES = (
     "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator",
     "/usr/share/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator",

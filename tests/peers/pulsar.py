@@ -7,6 +7,13 @@ uses ``OUTRELAY_PULSAR_URL`` when set (a real Pulsar, e.g.
 but has no broker-side deduplication, so tests against it run the transport
 with ``deduplication = false`` unless ``OUTRELAY_PULSAR_DEDUP=1`` says the
 external namespace has it enabled.
+
+pulsar-lite has no authentication or authorization: its Connect handler ignores
+``auth_method_name``/``auth_data`` and any client may produce to any topic
+(its SECURITY.md: "not intended to provide production-grade authentication,
+authorization"). :func:`pulsar_token` gives the tests a token all the same — it
+is sent and ignored — so the transport's token handling runs and can be checked
+for leaks; nothing here can refuse a client.
 """
 
 from __future__ import annotations
@@ -18,9 +25,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.peers.conformance_hooks import long_secret
 from tests.services import free_port, need, wait_port
 
-__all__ = ["pulsar_binary", "pulsar_dedup", "pulsar_url"]
+__all__ = ["PULSAR_LITE_NO_AUTH", "pulsar_binary", "pulsar_dedup", "pulsar_token", "pulsar_url"]
+
+#: why no credentials can be refused on pulsar-lite (a skip reason)
+PULSAR_LITE_NO_AUTH = (
+    "pulsar-lite has no authentication or authorization: it ignores the token and lets every client produce to "
+    "every topic, so no credentials can be refused"
+)
 
 
 def pulsar_binary() -> Path | None:
@@ -36,6 +50,14 @@ def pulsar_binary() -> Path | None:
 def pulsar_dedup() -> bool:
     """True when the broker under test deduplicates (external, declared by the user)."""
     return bool(os.environ.get("OUTRELAY_PULSAR_URL")) and os.environ.get("OUTRELAY_PULSAR_DEDUP", "") == "1"
+
+
+def pulsar_token() -> str | None:
+    """The token the tests configure: ``OUTRELAY_PULSAR_TOKEN`` for an external broker (``None`` without it);
+    for pulsar-lite, which ignores authentication data, a new random one."""
+    if os.environ.get("OUTRELAY_PULSAR_URL"):
+        return os.environ.get("OUTRELAY_PULSAR_TOKEN") or None
+    return long_secret("orpulsartoken")
 
 
 @pytest.fixture(scope="session")

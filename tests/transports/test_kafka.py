@@ -13,7 +13,7 @@ from outrelay import Event, Message, PermanentError, Rejected, RetryableError, R
 from outrelay.core import cloudevents
 from outrelay.core.transport import Delivered
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
-from tests.peers.kafka import KafkaPeer, new_topic
+from tests.peers.kafka import KafkaPeer, client_certificate, new_topic
 from tests.peers.proxy import TcpProxy
 from tests.services import free_port, need, wait_port
 
@@ -312,6 +312,18 @@ class TestKafkaSecurity:
             proc.kill()
             proc.wait(10)
             await proxy.stop()
+
+    async def test_wrong_key_passphrase_is_one_permanent_line(self, tmp_path: Path) -> None:
+        """A client key that ssl_password does not decrypt: open() and check() raise PermanentError naming the TLS
+        files and ssl_password — not the bare ssl.SSLError — before connecting, and show neither passphrase."""
+        cert, key = client_certificate(tmp_path, "the-right-passphrase-42")
+        cfg = {"security_protocol": "SSL", "ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+        t = make(KafkaPeer(f"127.0.0.1:{free_port()}", tansu=True), "t", **cfg, ssl_password="a-wrong-passphrase-42")
+        for call in (t.open, t.check):
+            with pytest.raises(PermanentError, match=r"TLS files could not be loaded.*ssl_password") as info:
+                await call()
+            text = str(info.value)
+            assert "passphrase-42" not in text and "\n" not in text
 
     @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
     async def test_sasl_refused_is_one_permanent_line(self, mechanism: str) -> None:

@@ -1,15 +1,50 @@
-"""The shared conformance suite against a real Kafka-API broker (tansu, or OUTRELAY_KAFKA_BOOTSTRAP)."""
+"""The shared conformance suite against a real Kafka-API broker (tansu, or OUTRELAY_KAFKA_BOOTSTRAP).
+
+The credential checks use private tansu brokers of their own (``tests/peers/kafka.py``), never the
+shared one:
+
+* ``make_forbidden`` is SCRAM-SHA-512 against a tansu started with ``--authentication``. That build
+  keeps no SCRAM credentials and has no ACLs, so the login is refused outright — the "wrong
+  credentials" case; "authenticated but not allowed to write" cannot be had from tansu.
+* ``secret_never_leaks`` needs a transport that works *and* holds a secret. No SASL login can
+  succeed on tansu, so its transports use TLS through a proxy with a client key file encrypted by
+  the secret (``ssl_password``); its unreachable and forbidden transports hold the same secret (the
+  forbidden one as its SASL password, which the failed SCRAM exchange uses).
+"""
 
 from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import KAFKA
+from outrelay.conformance._harness import run_check
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
-from tests.peers.conformance_hooks import skip_fault_checks
-from tests.peers.kafka import KafkaPeer, new_topic
+from tests.peers.conformance_hooks import long_secret, skip_fault_checks
+from tests.peers.kafka import KafkaPeer, KafkaTlsPeer, new_topic
 from tests.services import free_port
+
+
+def transport(**options: Any) -> KafkaTransport:
+    """A transport on tansu (no idempotent producer), with short bounds so failures come quickly."""
+    opts: dict[str, Any] = {"enable_idempotence": False, "connect_timeout": 3.0, "request_timeout": 8.0}
+    return KafkaTransport(KafkaConfig.model_validate({**opts, **options}), destination="conformance")
+
+
+def refused_login(topic: str, bootstrap: str, password: str) -> KafkaTransport:
+    """SCRAM-SHA-512 as ``relay`` against the tansu with ``--authentication``: the broker refuses the login."""
+    return transport(
+        bootstrap_servers=bootstrap,
+        topic=topic,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="relay",
+        sasl_password=password,
+    )
 
 
 class TestKafkaConformance(ConformanceSuite):
@@ -23,7 +58,7 @@ class TestKafkaConformance(ConformanceSuite):
         skip_fault_checks(request, "Kafka clients reconnect to the broker's advertised listener, bypassing the proxy")
 
     @pytest.fixture
-    def conformance_target(self, kafka_peer: KafkaPeer) -> ConformanceTarget:
+    def conformance_target(self, kafka_peer: KafkaPeer, kafka_auth_bootstrap: str) -> ConformanceTarget:
         async def provision(name: str) -> str:
             return await new_topic(kafka_peer, prefix="conf")
 
@@ -31,6 +66,7 @@ class TestKafkaConformance(ConformanceSuite):
             opts = kafka_peer.options(topic, bootstrap_servers=bootstrap, connect_timeout=3.0, request_timeout=8.0)
             return KafkaTransport(KafkaConfig.model_validate(opts), destination="conformance")
 
+        password = long_secret()
         return ConformanceTarget(
             make_transport=lambda topic: make(topic, kafka_peer.bootstrap),
             provision=provision,
@@ -38,4 +74,43 @@ class TestKafkaConformance(ConformanceSuite):
             label=kafka_peer.label,
             read_timeout=10.0,
             binding=KAFKA,
+            make_forbidden=lambda topic: refused_login(topic, kafka_auth_bootstrap, password),
         )
+
+    @pytest.fixture
+    def secret_target(self, kafka_tls_peer: KafkaTlsPeer, kafka_auth_bootstrap: str) -> ConformanceTarget:
+        """Transports holding one secret: a TLS client key passphrase, and the refused login's SASL password."""
+        tls = kafka_tls_peer
+        peer = KafkaPeer(tls.bootstrap, tansu=True)
+
+        async def provision(name: str) -> str:
+            ca = ssl.create_default_context(cafile=str(tls.cafile))
+            return await new_topic(peer, prefix="cred", security_protocol="SSL", ssl_context=ca)
+
+        def make(topic: str, bootstrap: str) -> KafkaTransport:
+            return transport(
+                bootstrap_servers=bootstrap,
+                topic=topic,
+                security_protocol="SSL",
+                ssl_cafile=str(tls.cafile),
+                ssl_certfile=str(tls.client_cert),
+                ssl_keyfile=str(tls.client_key),
+                ssl_password=tls.passphrase,
+            )
+
+        return ConformanceTarget(
+            make_transport=lambda topic: make(topic, tls.bootstrap),
+            provision=provision,
+            make_unreachable=lambda topic: make(topic, f"127.0.0.1:{free_port()}"),
+            label="tansu 0.6 over TLS (client key encrypted with the secret), and tansu --authentication",
+            read_timeout=10.0,
+            make_forbidden=lambda topic: refused_login(topic, kafka_auth_bootstrap, tls.passphrase),
+            secret=tls.passphrase,
+        )
+
+    def test_secret_never_leaks(
+        self, secret_target: ConformanceTarget, tmp_path: Path, request: pytest.FixtureRequest
+    ) -> None:
+        """The secret (TLS key passphrase and SASL password) never appears in results, exceptions, check() output,
+        reprs or log records — over TLS, against a broker that is down, and with a login the broker refuses."""
+        run_check(secret_target, "secret_never_leaks", tmp_path, request.node)

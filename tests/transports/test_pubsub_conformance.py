@@ -1,4 +1,9 @@
-"""The shared conformance suite against the official Google Cloud Pub/Sub emulator."""
+"""The shared conformance suite against the official Google Cloud Pub/Sub emulator.
+
+The emulator has no authentication and no permission checks, and the transport sends it no
+credentials (``tests/peers/pubsub_emulator.py``): ``secret_never_leaks`` and the two forbidden
+checks skip, saying which of those they lack.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ import pytest
 from outrelay.conformance import Binding, ConformanceSuite, ConformanceTarget
 from outrelay.transports.pubsub._config import PubSubConfig
 from outrelay.transports.pubsub._transport import PubSubTransport
-from tests.peers.pubsub_emulator import PROJECT, create_topic
+from tests.peers.conformance_hooks import skip_checks
+from tests.peers.pubsub_emulator import NO_AUTH, PROJECT, create_topic
 from tests.services import free_port
 
 #: binary mode as Google's Pub/Sub binding: ``ce-*`` attributes (UTF-8, not percent-encoded), ``content-type``
@@ -18,6 +24,10 @@ PUBSUB_BINDING = Binding("pubsub", prefix="ce-", content_type_header="content-ty
 
 class TestPubSubConformance(ConformanceSuite):
     """Every check of the suite, a topic of its own per check, ordering keys on."""
+
+    @pytest.fixture(autouse=True)
+    def _no_credentials(self, request: pytest.FixtureRequest) -> None:
+        skip_checks(request, NO_AUTH)
 
     @pytest.fixture
     def conformance_target(self, pubsub_emulator: str) -> ConformanceTarget:
@@ -36,7 +46,7 @@ class TestPubSubConformance(ConformanceSuite):
             make_transport=lambda topic: make(topic, pubsub_emulator),
             provision=provision,
             make_unreachable=lambda topic: make(topic, f"127.0.0.1:{free_port()}"),
-            label="pubsub (official Cloud Pub/Sub emulator)",
+            label="pubsub (official Cloud Pub/Sub emulator: no authentication, no IAM checks)",
             read_timeout=15.0,
             timeout=20.0,
             binding=PUBSUB_BINDING,

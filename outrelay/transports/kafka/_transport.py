@@ -29,6 +29,9 @@ producer only drops its own retries within one producer session.
 
 :raises RetryableError: from ``open`` when the cluster is unreachable within
     ``connect_timeout`` (never hangs).
+:raises PermanentError: from ``open`` when the TLS files cannot be loaded (a
+    wrong ``ssl_password``...), the broker refuses the SASL login, or it refuses
+    an idempotent producer; one line saying what to fix, never a secret.
 """
 
 from __future__ import annotations
@@ -74,8 +77,31 @@ def _consume(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
+def _ssl_context(cfg: KafkaConfig) -> ssl.SSLContext:
+    """The TLS context of ``cfg``.
+
+    :raises PermanentError: a CA, certificate or key file cannot be read, the key is encrypted and
+        ``ssl_password`` does not open it, or the key does not match the certificate.
+    """
+    try:
+        ctx = ssl.create_default_context(cafile=cfg.ssl_cafile)
+        ctx.check_hostname = cfg.ssl_check_hostname
+        if cfg.ssl_certfile:
+            password = cfg.ssl_password.get_secret_value() if cfg.ssl_password else None
+            ctx.load_cert_chain(cfg.ssl_certfile, cfg.ssl_keyfile, password=password)
+    except OSError as exc:  # ssl.SSLError is one ("PEM lib": a wrong ssl_password, a key of another certificate)
+        raise PermanentError(
+            f"kafka TLS files could not be loaded ({type(exc).__name__}: {exc}): check ssl_cafile, ssl_certfile "
+            "and ssl_keyfile, that the key belongs to the certificate, and ssl_password if the key is encrypted"
+        ) from exc
+    return ctx
+
+
 def client_options(cfg: KafkaConfig) -> dict[str, Any]:
-    """Connection and security keyword arguments shared by producer, consumer and admin."""
+    """Connection and security keyword arguments shared by producer, consumer and admin.
+
+    :raises PermanentError: the TLS files cannot be loaded (see :func:`_ssl_context`).
+    """
     opts: dict[str, Any] = {
         "bootstrap_servers": cfg.servers,
         "client_id": cfg.client_id,
@@ -83,12 +109,7 @@ def client_options(cfg: KafkaConfig) -> dict[str, Any]:
         "security_protocol": cfg.security_protocol,
     }
     if cfg.security_protocol in ("SSL", "SASL_SSL"):
-        ctx = ssl.create_default_context(cafile=cfg.ssl_cafile)
-        ctx.check_hostname = cfg.ssl_check_hostname
-        if cfg.ssl_certfile:
-            password = cfg.ssl_password.get_secret_value() if cfg.ssl_password else None
-            ctx.load_cert_chain(cfg.ssl_certfile, cfg.ssl_keyfile, password=password)
-        opts["ssl_context"] = ctx
+        opts["ssl_context"] = _ssl_context(cfg)
     if cfg.sasl_mechanism is not None:
         opts["sasl_mechanism"] = cfg.sasl_mechanism
         opts["sasl_plain_username"] = cfg.sasl_username
