@@ -173,3 +173,15 @@ class TestLifecycle:
         assert topic in await _transport(pubsub_emulator, topic).check()
         with pytest.raises(TransportError, match="not found"):
             await _transport(pubsub_emulator, "missing-" + topic).check()
+
+
+@pytest.mark.parametrize("kind", ["PermissionDenied", "Unauthenticated"])
+def test_refused_credentials_are_permanent(kind: str) -> None:
+    """PERMISSION_DENIED / UNAUTHENTICATED is Rejected saying what to grant, never retried for ever (the
+    emulator has no IAM, so the mapping itself is what can be tested here)."""
+    from google.api_core import exceptions as gexc
+
+    from outrelay.transports.pubsub._transport import classify
+
+    r = classify(getattr(gexc, kind)("caller lacks pubsub.topics.publish"))
+    assert isinstance(r, Rejected) and "roles/pubsub.publisher" in r.reason

@@ -131,3 +131,18 @@ class TestPulsarTransport:
         """The registry builds the transport; the token never shows in its repr."""
         t = Registry().create_transport("pulsar", {"topic": "t", "token": "s3cr3t-token"}, destination="d")
         assert isinstance(t, PulsarTransport) and "s3cr3t-token" not in repr(t.config)
+
+
+@pytest.mark.parametrize("result", ["AuthenticationError", "AuthorizationError"])
+def test_refused_credentials_are_permanent(result: str) -> None:
+    """A broker refusing the credentials (or their right to produce) is Rejected, never retried for ever
+    (pulsar-lite has no authentication, so the mapping itself is what can be tested here)."""
+    import pulsar
+
+    from outrelay.transports.pulsar._errors import map_pulsar_errors, outcome
+
+    r = outcome(getattr(pulsar.Result, result))
+    assert isinstance(r, Rejected) and result in r.reason
+    with pytest.raises(TransportError) as err, map_pulsar_errors("open", "p"):
+        raise getattr(pulsar, result)("refused")
+    assert not isinstance(err.value, RetryableError) and "refused" in str(err.value)

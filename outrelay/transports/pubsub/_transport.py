@@ -22,8 +22,11 @@ Capabilities, honestly:
   before ``send`` returns so the relay's retry can publish again.
 
 Failure modes: gRPC errors map to RetryLater (UNAVAILABLE, RESOURCE_EXHAUSTED,
-DEADLINE_EXCEEDED, NOT_FOUND, PERMISSION_DENIED: fixable without losing the
-event) or Rejected (INVALID_ARGUMENT, too large). ``open`` raises
+DEADLINE_EXCEEDED, NOT_FOUND: fixable without losing the event) or Rejected
+(INVALID_ARGUMENT, too large, and PERMISSION_DENIED / UNAUTHENTICATED:
+credentials that may not publish would otherwise be retried for ever — the
+conformance suite's rule; the event is dead-lettered with the reason and
+replayed once the role is granted). ``open`` raises
 RetryableError within ``open_timeout`` when the endpoint does not answer.
 """
 
@@ -73,7 +76,7 @@ def classify(exc: BaseException) -> SendResult:
     if isinstance(exc, gexc.NotFound):
         return RetryLater(f"topic not found (create it or fix destinations.*.topic): {exc.message}")
     if isinstance(exc, gexc.PermissionDenied | gexc.Unauthenticated):
-        return RetryLater(f"not allowed to publish (grant roles/pubsub.publisher): {exc.message}")
+        return Rejected(f"not allowed to publish (grant roles/pubsub.publisher, or fix the credentials): {exc.message}")
     if isinstance(exc, gexc.GoogleAPICallError):
         return RetryLater(f"Pub/Sub {type(exc).__name__}: {exc.message}")
     if isinstance(exc, TimeoutError | concurrent.futures.TimeoutError):

@@ -2,9 +2,11 @@
 
 Permanent (retrying the same message cannot help): the message is too big
 or invalid, the topic name is invalid or the topic terminated, the schema is
-incompatible, the operation is not allowed. Everything else — timeouts,
-connection errors, full queues, authentication/authorisation (an operator
-fixes the destination, the message is fine) — is retryable. The same rule
+incompatible, the operation is not allowed, the credentials are refused or
+may not produce (retrying would go on for ever: the conformance suite's
+rule; ``open`` then fails with one line and events stay pending, a send
+dead-letters with the reason). Everything else — timeouts, connection
+errors, full queues — is retryable. The same rule
 turns a ``send_async`` callback's result into a per-message outcome
 (:func:`outcome`); :class:`Acks` gathers those callbacks for one batch.
 """
@@ -30,6 +32,7 @@ T = TypeVar("T")
 PERMANENT = frozenset({
     "MessageTooBig", "InvalidMessage", "InvalidTopicName", "TopicTerminated", "IncompatibleSchema",
     "NotAllowedError", "OperationNotSupported", "InvalidConfiguration", "InvalidUrl", "CryptoError",
+    "AuthenticationError", "AuthorizationError",
 })
 
 
