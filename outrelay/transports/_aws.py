@@ -12,11 +12,22 @@
   outrelay errors: throttling, 5xx, timeouts and connection failures are
   :class:`~outrelay.RetryableError`; a request the service refuses as
   invalid (``InvalidParameter``, too long, ...) is
-  :class:`~outrelay.PermanentError`. A missing queue/topic or denied access
-  is retryable (the message is fine; an operator must fix the destination),
+  :class:`~outrelay.PermanentError`. A missing queue/topic or KMS key is
+  retryable (the message is fine; an operator must create the destination),
   so events wait, then dead-letter after the retry policy is exhausted.
+  Credentials the service does not accept (``InvalidClientTokenId``,
+  ``SignatureDoesNotMatch``...) or that may not do the call
+  (``AccessDenied``, SNS ``AuthorizationError``, ``KmsAccessDenied``, any
+  HTTP 403) raise :class:`DeniedError`, a :class:`~outrelay.PermanentError`
+  whose message says what to fix: never retried for ever (the conformance
+  contract for credentials without permission). In ``send()`` results it is
+  ``Rejected(disable_destination=True)``: the relay disables the destination
+  and keeps its events pending — no event is dead-lettered because a policy
+  changed — until an operator fixes the credentials and runs
+  ``outrelay enable NAME``. ``open()`` raises it (the relay keeps retrying
+  ``open()``; nothing is lost either).
 * :func:`entry_outcome` — per-entry batch results: ``SenderFault`` is
-  permanent unless the code is a throttling/internal code.
+  permanent unless the code is a throttling/internal/destination code.
 
 Batch splitting and result collection live in :mod:`._aws_batch`.
 
@@ -49,6 +60,7 @@ from outrelay.core.transport import Rejected, RetryLater, SendResult, TransportC
 __all__ = [
     "AWSBase",
     "AWSConfig",
+    "DeniedError",
     "encoded_size",
     "entry_outcome",
     "fifo_id",
@@ -66,14 +78,36 @@ RETRYABLE_CODES = frozenset({
     "KMS.ThrottlingException", "InternalError", "InternalFailure", "ServiceUnavailable",
     "AWS.SimpleQueueService.InternalError", "RequestTimeout", "RequestTimeoutException",
     "ExpiredToken", "ExpiredTokenException", "RequestExpired",
-})
-# The destination is wrong, not the message: wait for an operator, do not dead-letter at once.
+})  # fmt: skip
+# The destination is missing or disabled, not the message: wait for an operator, do not dead-letter at once.
 DESTINATION_CODES = frozenset({
-    "NotFound", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "AuthorizationError",
-    "AccessDenied", "AccessDeniedException", "InvalidClientTokenId", "UnrecognizedClientException",
-    "SignatureDoesNotMatch", "InvalidSecurity", "KMSAccessDenied", "KmsAccessDenied", "KMSDisabled",
-    "KmsDisabled", "KMSNotFound", "KmsNotFound", "KMSInvalidState", "KmsInvalidState", "EndpointDisabled",
-})
+    "NotFound", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "KMSDisabled", "KmsDisabled",
+    "KMSNotFound", "KmsNotFound", "KMSInvalidState", "KmsInvalidState", "EndpointDisabled",
+})  # fmt: skip
+_BAD_CREDENTIALS = (
+    "the service does not accept these credentials: fix access_key_id/secret_access_key/session_token "
+    "(or the profile or AWS_* environment they come from) and region"
+)
+_NOT_PERMITTED = (
+    "permission denied: allow the action named above for these credentials (their IAM policy, "
+    "or the topic/queue policy)"
+)
+_REFUSED = "HTTP 403: the service refused these credentials; check their permissions and access_key_id"
+# Who is asking, not what is sent, is refused: permanent (DeniedError), with how to fix it.
+DENIED_CODES: dict[str, str] = {
+    "InvalidClientTokenId": _BAD_CREDENTIALS,
+    "UnrecognizedClientException": _BAD_CREDENTIALS,
+    "SignatureDoesNotMatch": _BAD_CREDENTIALS,
+    "IncompleteSignature": _BAD_CREDENTIALS,
+    "MissingAuthenticationToken": _BAD_CREDENTIALS,
+    "InvalidSecurity": "the request was not secure enough: use an https endpoint_url (and SigV4 signing)",
+    "AuthorizationError": _NOT_PERMITTED,
+    "AccessDenied": _NOT_PERMITTED,
+    "AccessDeniedException": _NOT_PERMITTED,
+    "KMSAccessDenied": "permission denied on the KMS key of the topic/queue: allow kms:GenerateDataKey and "
+    "kms:Decrypt on it for these credentials",
+}
+DENIED_CODES["KmsAccessDenied"] = DENIED_CODES["KMSAccessDenied"]
 # Amazon's rule for MessageGroupId / MessageDeduplicationId: 1-128 alphanumeric or punctuation characters.
 _FIFO_ID_RE = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
 SERVICE_LIMIT = 262_144  # 256 KiB: one message (body + attributes) and one batch request
@@ -106,20 +140,59 @@ class AWSConfig(TransportConfig):
         return (self.message_limit - 8192) * 3 // 4
 
 
+class DeniedError(PermanentError):
+    """The service refused the credentials (invalid, or not permitted to make this call).
+
+    It concerns every request these credentials make to the target, not one
+    message: a batch request refused with it is not re-sent entry by entry,
+    and ``check()`` reports it as is. ``code`` is the service's error code.
+    """
+
+    def __init__(self, message: str, *, code: str, destination: str | None = None) -> None:
+        self.code = code
+        super().__init__(message, destination=destination)
+
+
+_XML_FIELD = re.compile(r"<(Code|Message)>([^<]*)</\1>")
+
+
+def _error_fields(response: dict[str, Any]) -> tuple[str, str]:
+    """The error's code and one-line message.
+
+    moto (5.x) answers an SQS request in the JSON protocol that it refuses
+    *before* dispatch (signature, IAM) with a query-protocol XML body, which
+    botocore reports as code ``"403"`` with the XML as message: the XML's own
+    ``Code`` and ``Message`` are read back out of it.
+    """
+    err = response.get("Error", {})
+    code, message = str(err.get("Code", "Unknown")), str(err.get("Message", ""))
+    if code.isdigit() and "<Code>" in message:
+        fields = dict(_XML_FIELD.findall(message))
+        code, message = fields.get("Code", code), fields.get("Message", "")
+    return code, " ".join(message.split())
+
+
 @contextlib.contextmanager
 def map_aws_errors(what: str, destination: str) -> Iterator[None]:
-    """Translate botocore exceptions raised inside the block (see module docstring)."""
+    """Translate botocore exceptions raised inside the block (see module docstring).
+
+    :raises RetryableError: throttling, 5xx, network, a missing or disabled destination.
+    :raises DeniedError: credentials refused or not permitted, or any HTTP 403 (with how to fix it).
+    :raises PermanentError: anything else the service refuses as the caller's fault, no credentials/region.
+    """
     try:
         yield
     except botocore.exceptions.ClientError as exc:
-        err = exc.response.get("Error", {})
-        code = str(err.get("Code", "Unknown"))
+        code, text = _error_fields(exc.response)
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        msg = f"{what}: {code}: {err.get('Message', '')}".rstrip(": ")
+        msg = f"{what}: {code}: {text}".rstrip(": ")
         if code in RETRYABLE_CODES or status >= 500 or status == 429:
             raise RetryableError(msg, destination=destination) from exc
+        if code in DENIED_CODES or status == 403:
+            hint = DENIED_CODES.get(code, _REFUSED)
+            raise DeniedError(f"{msg} ({hint})", code=code, destination=destination) from exc
         if code in DESTINATION_CODES:
-            raise RetryableError(msg + " (fix the destination or its permissions)", destination=destination) from exc
+            raise RetryableError(msg + " (fix the destination)", destination=destination) from exc
         raise PermanentError(msg, destination=destination) from exc
     except (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError) as exc:
         raise PermanentError(
@@ -143,8 +216,11 @@ def map_aws_errors(what: str, destination: str) -> Iterator[None]:
 
 
 def entry_outcome(code: str, message: str, sender_fault: bool) -> SendResult:
-    """The result for one ``Failed`` entry of a batch response."""
+    """The result for one ``Failed`` entry of a batch response (credentials refused: Rejected, saying why,
+    disabling the destination; see the module docstring)."""
     text = f"{code}: {message}"
+    if code in DENIED_CODES:
+        return Rejected(f"{text} ({DENIED_CODES[code]})", disable_destination=True)
     if code in RETRYABLE_CODES or code in DESTINATION_CODES or not sender_fault:
         return RetryLater(text)
     return Rejected(text)
@@ -250,5 +326,7 @@ class AWSBase:
             raise UsageError(f"{self.service} transport {self.dest!r} is {self._state}, not open")
 
     def check_error(self, exc: TransportError, what: str) -> TransportError:
-        """Re-raise ``exc`` from check() with a how-to-fix hint."""
+        """``exc`` for check() to raise, with a how-to-fix hint (a DeniedError already has its own)."""
+        if isinstance(exc, DeniedError):
+            return DeniedError(str(exc), code=exc.code, destination=self.dest)
         return type(exc)(f"{exc}; check {what}, endpoint_url/region and credentials", destination=self.dest)

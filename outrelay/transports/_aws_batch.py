@@ -7,8 +7,11 @@ CloudEvent, given FIFO ids when the target is FIFO, grouped by target and
 split into requests of at most 10 entries and ``message_limit`` bytes. The
 requests run concurrently on the transport's executor; results come back in
 batch order. A request refused as a whole with a permanent error is re-sent
-entry by entry so one bad message cannot dead-letter its neighbours; a
-retryable whole-request error makes its entries RetryLater.
+entry by entry so one bad message cannot dead-letter its neighbours, unless
+the credentials were refused (:class:`~outrelay.transports._aws.DeniedError`:
+every entry would be refused alike, so all are Rejected at once, with
+``disable_destination`` — see :mod:`outrelay.transports._aws`); a retryable
+whole-request error makes its entries RetryLater.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from outrelay.core.errors import PermanentError, RetryableError
 from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult
-from outrelay.transports._aws import AWSConfig, encoded_size, entry_outcome, fifo_id, structured_body
+from outrelay.transports._aws import AWSConfig, DeniedError, encoded_size, entry_outcome, fifo_id, structured_body
 
 __all__ = ["BatchCall", "Entry", "chunks", "send_batch"]
 
@@ -69,8 +72,10 @@ async def send_entries(
                 results[e.index] = RetryLater(str(exc), exc.retry_after)
             return
         except PermanentError as exc:
-            if len(chunk) == 1:
-                results[chunk[0].index] = Rejected(str(exc))
+            denied = isinstance(exc, DeniedError)
+            if len(chunk) == 1 or denied:
+                for e in chunk:
+                    results[e.index] = Rejected(str(exc), disable_destination=denied)
                 return
             await asyncio.gather(*(one([e]) for e in chunk))
             return

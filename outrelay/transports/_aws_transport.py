@@ -1,11 +1,23 @@
 """What the ``sns`` and ``sqs`` transports share: one base class.
 
 A subclass names its target option (``topic_arn`` / ``queue_url``) and
-supplies the three service-specific pieces — :meth:`_probe` (a read-only
-attributes call), :meth:`_entry` (one batch entry) and :meth:`_api` (the
-batch call) — plus the one-line :meth:`_describe` for ``outrelay check``.
-Lifecycle, batching (:func:`~outrelay.transports._aws_batch.send_batch`),
-FIFO detection and capabilities are identical and live here.
+batch call (``PublishBatch`` / ``SendMessageBatch``) and supplies the three
+service-specific pieces — :meth:`_probe` (a read-only attributes call),
+:meth:`_entry` (one batch entry) and :meth:`_api` (the batch call) — plus
+the one-line :meth:`_describe` for ``outrelay check``. Lifecycle, batching
+(:func:`~outrelay.transports._aws_batch.send_batch`), FIFO detection,
+capabilities and ``check()`` are identical and live here.
+
+``check()`` delivers nothing, and AWS has no dry-run publish, so it probes
+the publish permission with a batch call of *no* entries, which cannot
+deliver anything: credentials that may not publish are refused
+(``AccessDenied`` / ``AuthorizationError``: check fails saying so), others
+get the service's ``EmptyBatchRequest`` (or, from moto's SNS, an empty
+success). That moto authorizes before it validates the batch is tested
+here; AWS does not document the order. Were it to validate first, the probe
+would prove nothing more than the attributes call — it can never fail a
+permitted principal — and a denial would show at the first send, as a
+Rejected result saying what to grant.
 """
 
 from __future__ import annotations
@@ -15,10 +27,10 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from outrelay.core.envelope import Event
-from outrelay.core.errors import TransportError
+from outrelay.core.errors import PermanentError, TransportError
 from outrelay.core.templates import Template
 from outrelay.core.transport import Capabilities, Message, SendResult, Transport
-from outrelay.transports._aws import AWSBase, AWSConfig
+from outrelay.transports._aws import AWSBase, AWSConfig, DeniedError
 from outrelay.transports._aws_batch import send_batch
 
 __all__ = ["AWSTransport"]
@@ -31,6 +43,8 @@ class AWSTransport(Transport):
     target_option: ClassVar[str]
     #: "topic" or "queue", for messages
     entity: ClassVar[str]
+    #: the service's batch-send operation (named in check()'s output)
+    batch_call: ClassVar[str]
 
     def __init__(self, config: AWSConfig, *, destination: str) -> None:
         super().__init__(config, destination=destination)
@@ -77,19 +91,37 @@ class AWSTransport(Transport):
         await self.aws.stop()
 
     async def check(self) -> str:
-        """One line: the target exists and is reachable (a read-only attributes call)."""
+        """One line: the target exists and is reachable (a read-only attributes call), and these credentials
+        are not refused the batch call (an empty one, delivering nothing; see the module docstring).
+
+        :raises DeniedError: the credentials are invalid or may not read or publish to the target; the
+            message names the refused call and what to fix.
+        :raises RetryableError: the endpoint is unreachable or busy, or the target does not exist.
+        :raises PermanentError: no credentials or region, or the target is invalid.
+        """
         target = self.target(Event(type="check", stream="check"))
         opened_here = self.aws.client is None
         try:
             if opened_here:
                 await self.aws.start()
             attrs = await self._probe(target)
+            await self._probe_publish(target)
         except TransportError as exc:
             raise self.aws.check_error(exc, f"that {self.entity} {target} exists") from exc
         finally:
             if opened_here:
                 await self.aws.stop()
-        return self._describe(target, attrs)
+        return f"{self._describe(target, attrs)}; an empty {self.batch_call} was not refused"
+
+    async def _probe_publish(self, target: str) -> None:
+        """The batch call with no entries. :raises DeniedError: refused; any other refusal is of the empty
+        batch itself (``EmptyBatchRequest``), after the call was allowed."""
+        try:
+            await self._api(target, [])
+        except DeniedError:
+            raise
+        except PermanentError:
+            pass
 
     @abstractmethod
     async def _probe(self, target: str) -> dict[str, str]:

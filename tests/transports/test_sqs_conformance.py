@@ -1,9 +1,16 @@
 """The conformance suite against the ``sqs`` transport (moto server, or ``OUTRELAY_AWS_ENDPOINT_URL``).
 
 Only a FIFO queue is certified in the default run (each suite costs about a
-minute on moto); ``target_for(endpoint, fifo=False)`` certifies a standard
-queue, where the ordering and dedupe checks skip by capability (all other
-checks passed there when last run).
+minute on moto); ``target_for(endpoint, fifo=False, iam=...)`` certifies a
+standard queue, where the ordering and dedupe checks skip by capability (all
+other checks passed there when last run).
+
+Credentials: every transport is configured with one secret access key (the
+``secret`` the suite greps for). ``make_forbidden`` sends through a private
+moto server that enforces IAM (``moto_iam``, shared with the SNS suite), as
+a user that may read the queue but not send to it; :class:`TestForbiddenPeer`
+shows that this server tells the two users apart, so the forbidden checks
+fail for lack of permission and not for a broken setup.
 """
 
 from __future__ import annotations
@@ -13,13 +20,30 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from outrelay import Delivered, Event, Message, Rejected
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import STRUCTURED
+from outrelay.transports._aws import DeniedError
 from outrelay.transports.sqs._transport import SQSConfig, SQSTransport
-from tests.peers.moto import aws_client, aws_options
+from tests.peers.moto import IAMMoto, aws_client, aws_options, require_iam, skip_why, suite_secret
 
 
-def target_for(endpoint: str, *, fifo: bool) -> ConformanceTarget:
+def as_user(iam: IAMMoto, user: tuple[str, str]) -> SQSTransport:
+    """A transport sending to the private server's FIFO queue with ``user``'s keys."""
+    key, secret = user
+    cfg = SQSConfig(
+        queue_url=iam.queue_url,
+        endpoint_url=iam.endpoint,
+        region="us-east-1",
+        access_key_id=key,
+        secret_access_key=secret,
+        connect_timeout=1,
+        read_timeout=3,
+    )
+    return SQSTransport(cfg, destination="conformance")
+
+
+def target_for(endpoint: str, *, fifo: bool, iam: IAMMoto | str) -> ConformanceTarget:
     async def provision(name: str) -> str:
         queue = name.replace("_", "-")[:70] + (".fifo" if fifo else "")
         attrs = {"FifoQueue": "true"} if fifo else {}
@@ -30,24 +54,53 @@ def target_for(endpoint: str, *, fifo: bool) -> ConformanceTarget:
         return await asyncio.to_thread(create)
 
     parts = urlsplit(endpoint)
+    secret = suite_secret(iam)
+
+    def make(url: str, at: str, **timeouts: float) -> SQSTransport:
+        return SQSTransport(SQSConfig(queue_url=url, **aws_options(at, secret=secret or "testing"), **timeouts))
 
     return ConformanceTarget(
-        make_transport=lambda url: SQSTransport(SQSConfig(queue_url=url, **aws_options(endpoint))),
+        make_transport=lambda url: make(url, endpoint),
         provision=provision,
-        make_unreachable=lambda url: SQSTransport(
-            SQSConfig(queue_url=url, **aws_options("http://127.0.0.1:1"), connect_timeout=1)
-        ),
+        make_unreachable=lambda url: make(url, "http://127.0.0.1:1", connect_timeout=1),
         label=f"sqs {'FIFO' if fifo else 'standard'} queue on {endpoint} (moto unless OUTRELAY_AWS_ENDPOINT_URL)",
         read_timeout=10.0,
         binding=STRUCTURED,
         upstream=lambda url: (parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)),
-        make_transport_via=lambda url, host, port: SQSTransport(
-            SQSConfig(queue_url=url, **aws_options(f"http://{host}:{port}"), connect_timeout=1, read_timeout=3)
+        make_transport_via=lambda url, host, port: make(
+            url, f"http://{host}:{port}", connect_timeout=1, read_timeout=3
         ),
+        # the denied user sends to the private server's own queue: the suite's target lives on the shared one
+        make_forbidden=(lambda url: as_user(iam, iam.denied)) if isinstance(iam, IAMMoto) else None,
+        secret=secret,
     )
 
 
 class TestSQSFifoConformance(ConformanceSuite):
+    @pytest.fixture(autouse=True)
+    def _why_skipped(self, request: pytest.FixtureRequest, moto_iam: IAMMoto | str) -> None:
+        skip_why(request, moto_iam)
+
     @pytest.fixture
-    def conformance_target(self, moto_endpoint: str) -> ConformanceTarget:
-        return target_for(moto_endpoint, fifo=True)
+    def conformance_target(self, moto_endpoint: str, moto_iam: IAMMoto | str) -> ConformanceTarget:
+        return target_for(moto_endpoint, fifo=True, iam=moto_iam)
+
+
+class TestForbiddenPeer:
+    async def test_users_told_apart(self, moto_iam: IAMMoto | str) -> None:
+        """On the IAM-enforcing server the allowed user sends, and the read-only user is refused the send
+        itself (AccessDenied, not unknown credentials): check() fails, send() rejects and disables."""
+        iam = require_iam(moto_iam)
+        allowed, denied = as_user(iam, iam.allowed), as_user(iam, iam.denied)
+        ev = Event(type="t", stream="s", data=b"x")
+        assert "was not refused" in await allowed.check()
+        await allowed.open()
+        assert await allowed.send([Message(ev, iam.queue_url, ev.stream)]) == [Delivered()]
+        await allowed.close()
+        with pytest.raises(DeniedError, match=r"SendMessageBatch .*AccessDenied.*permission denied") as info:
+            await denied.check()
+        assert info.value.code == "AccessDenied" and "<" not in str(info.value)  # moto's XML read out
+        await denied.open()  # reading the queue is allowed
+        [result] = await denied.send([Message(ev, iam.queue_url, ev.stream)])
+        await denied.close()
+        assert isinstance(result, Rejected) and result.disable_destination and "AccessDenied" in result.reason

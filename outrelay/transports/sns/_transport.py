@@ -15,7 +15,11 @@ entry does not stop later entries of its group in the same batch, so
 Per-entry results: ``Successful`` is delivered; ``Failed`` with
 ``SenderFault`` is rejected (permanent) unless its code is throttling or a
 destination problem; other failures are retried. Batches are split into
-requests of at most 10 entries and ``message_limit`` bytes.
+requests of at most 10 entries and ``message_limit`` bytes. Credentials
+refused (invalid, or not allowed ``sns:Publish``) reject every message of
+the request, saying what to fix, and disable the destination: its events
+stay pending until ``outrelay enable``. ``check()`` probes that permission
+with an empty ``PublishBatch`` (see :mod:`outrelay.transports._aws_transport`).
 
 The reader creates its own SQS queue (FIFO for a FIFO topic), subscribes
 it with raw message delivery and removes both when stopped.
@@ -50,6 +54,7 @@ class SNSTransport(AWSTransport):
     Config = SNSConfig
     target_option = "topic_arn"
     entity = "topic"
+    batch_call = "PublishBatch"
 
     def __init__(self, config: SNSConfig, *, destination: str = "sns") -> None:
         super().__init__(config, destination=destination)

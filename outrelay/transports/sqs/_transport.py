@@ -17,7 +17,11 @@ one message per stream per batch. Standard queues neither order nor dedupe.
 ``delay_seconds`` (0-900) delays delivery; SQS allows it only on standard
 queues (FIFO queues take a queue-level delay). Batches are split into
 requests of at most 10 entries and ``message_limit`` bytes; see
-:mod:`outrelay.transports._aws` for threading and error mapping.
+:mod:`outrelay.transports._aws` for threading and error mapping (credentials
+refused, e.g. without ``sqs:SendMessage``, reject every message of the
+request, saying what to fix, and disable the destination: its events stay
+pending until ``outrelay enable``) and :mod:`outrelay.transports._aws_transport`
+for ``check()``'s empty ``SendMessageBatch`` permission probe.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class SQSTransport(AWSTransport):
     Config = SQSConfig
     target_option = "queue_url"
     entity = "queue"
+    batch_call = "SendMessageBatch"
 
     def __init__(self, config: SQSConfig, *, destination: str = "sqs") -> None:
         super().__init__(config, destination=destination)
