@@ -5,6 +5,13 @@ module (:class:`TestNatsCredentials`) whose authorization block has two users
 sharing one long random password: ``relay`` may publish, ``nopub`` may use
 the JetStream API (it sees the stream) but publish to no subject. The shared
 server has no authorization to test that with.
+
+The refused target (``refuse_target``) is a subject of a second stream whose
+``max_msg_size`` is 1 byte: JetStream refuses every message there with error
+10054, which the transport answers Rejected (a message that can never fit).
+A subject no stream takes (no responders) or a full ``discard=new`` stream
+would not do: both are RetryLater by design (a stream may be created, room
+may appear).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import nats
 import pytest
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
@@ -40,6 +48,17 @@ class TestNatsConformance(ConformanceSuite):
             names[subject] = stream
             return subject
 
+        async def refuse(subject: str) -> str:
+            tag = uuid.uuid4().hex[:10]
+            name, refused = f"OR_REFUSED_{tag}".upper(), f"or.refused.{tag}"
+            nc = await nats.connect(nats_url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=1)
+            try:  # every message exceeds max_msg_size: JetStream error 10054, permanent
+                await nc.jetstream().add_stream(name=name, subjects=[f"{refused}.>"], max_msg_size=1)
+            finally:
+                await nc.close()
+            streams.created.append(name)  # deleted with the others
+            return f"{refused}.events"
+
         def make(subject: str, servers: tuple[str, ...]) -> NatsTransport:
             # create_stream names the provisioned stream (it exists: nothing is created) so that its
             # duplicate window is declared before open(); open() then reads the real one.
@@ -58,6 +77,7 @@ class TestNatsConformance(ConformanceSuite):
             read_timeout=10.0,
             upstream=lambda subject: (parts.hostname or "127.0.0.1", parts.port or 4222),
             make_transport_via=lambda subject, host, port: make(subject, (f"nats://{host}:{port}",)),
+            refuse_target=refuse,
             binding=NATS,
         )
         await streams.delete_all()

@@ -7,6 +7,11 @@ full permissions on vhost ``/``, and ``outrelay-conf-<hex>-ro`` (same password)
 with none at all (it connects but may not publish: ``make_forbidden``). Both
 are deleted afterwards. Otherwise the suite runs as the URL's user and the
 secret/forbidden checks skip naming the hook.
+
+The refused target (``refuse_target``) is a routing key of the check's own
+exchange that no queue binds (the reader binds ``events.key`` only): with
+``mandatory`` and ``unroutable = "permanent"`` (the transport's defaults) the
+broker returns each such message and the transport answers Rejected.
 """
 
 from __future__ import annotations
@@ -67,6 +72,10 @@ class TestRabbitMQConformance(ConformanceSuite):
         async def provision(name: str) -> str:
             return f"{await exchanges('conf')}/events.key"
 
+        async def refuse(target: str) -> str:
+            exchange, _ = split_target(target)
+            return f"{exchange}/refused.unbound"  # no queue binds it: basic.return, then Rejected
+
         def make(target: str, url: str) -> RabbitMQTransport:
             exchange, routing_key = split_target(target)
             cfg = RabbitMQConfig(
@@ -88,6 +97,7 @@ class TestRabbitMQConformance(ConformanceSuite):
             read_timeout=10.0,
             upstream=lambda target: (parts.hostname or "127.0.0.1", parts.port or 5672),
             make_transport_via=lambda target, host, port: make(target, _netloc(url, host, port)),
+            refuse_target=refuse,
             make_forbidden=(lambda target: make(target, _login(rabbitmq_url, f"{user}-ro"))) if user else None,
             secret=secret,
             binding=AMQP,

@@ -5,6 +5,10 @@ on the shared server for the run with a long random password (the ``secret``
 the suite greps for) and deleted afterwards: ``outrelay-conf-<hex>`` may use
 the conformance keys, ``outrelay-conf-<hex>-ro`` (same password) may only
 ``PING`` — the transport with credentials that connect but may not publish.
+
+The refused target (``refuse_target``) is a key under the conformance prefix
+holding a string: ``XADD`` to it fails with ``WRONGTYPE``, per entry inside the
+batch script, which the transport answers Rejected.
 """
 
 from __future__ import annotations
@@ -45,6 +49,16 @@ class TestRedisConformance(ConformanceSuite):
             keys.append(key)
             return key
 
+        async def refuse(key: str) -> str:
+            wrong = f"{key}-wrongtype"
+            keys.append(wrong)
+            client = aioredis.Redis.from_url(redis_url)  # the check's own event loop: not `admin`'s
+            try:
+                await client.set(wrong, "not a stream")  # XADD to it: WRONGTYPE
+            finally:
+                await client.aclose()
+            return wrong
+
         def make(key: str, url: str, username: str = user) -> RedisTransport:
             cfg = RedisConfig(
                 url=url, stream=key, username=username, password=secret, connect_timeout=1.0, socket_timeout=3.0
@@ -60,6 +74,7 @@ class TestRedisConformance(ConformanceSuite):
             read_timeout=5.0,
             upstream=lambda key: (parts.hostname or "127.0.0.1", parts.port or 6379),
             make_transport_via=lambda key, host, port: make(key, urlunsplit(parts._replace(netloc=f"{host}:{port}"))),
+            refuse_target=refuse,
             make_forbidden=lambda key: make(key, redis_url, username=f"{user}-ro"),
             secret=secret,
             binding=Binding("redis", prefix="ce_"),

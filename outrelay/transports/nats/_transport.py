@@ -8,9 +8,12 @@ Each event becomes one JetStream message on ``subject`` (a Template) with
   records a message id when the leader *proposes* the message, and keeps it
   when the message is then refused at apply time (order guard, ``discard =
   new``), so a re-send is acked "duplicate" with sequence 0 although nothing
-  was stored. Such an ack, and any JetStream refusal, is RetryLater, and the
-  event is re-sent under a new message id (``<event id>.r<n>``) that the
-  stale entry cannot shadow (a copy may then be stored twice: at least once);
+  was stored. Such an ack is RetryLater, and after it or any JetStream
+  refusal the event is re-sent under a new message id (``<event id>.r<n>``)
+  that the stale entry cannot shadow (a copy may then be stored twice: at
+  least once). Whether a refusal is RetryLater or Rejected is
+  ``_errors.classify``'s call: too large, wrong stream and other 4xx answers
+  are permanent; a full ``discard = new`` stream and no responders retry;
 * the CloudEvents binary headers of the NATS binding: every attribute as a
   ``ce-*`` header, ``ce-datacontenttype`` included, values percent-encoded
   (non-ASCII, space, ``"``, ``%``); ``Content-Type`` repeats the data's type
