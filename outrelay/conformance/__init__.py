@@ -29,7 +29,7 @@ The checks are listed in :data:`CHECKS` (name -> one-sentence description).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from outrelay.conformance._binding import Binding
 from outrelay.core.transport import Transport
@@ -82,6 +82,12 @@ class ConformanceTarget:
       ends, after its transports closed. Errors there are ignored.
     * ``binding`` — the CloudEvents binding the transport implements (see
       :class:`~outrelay.conformance.Binding`); ``None`` skips the binding checks.
+    * ``unsupported`` — for optional hooks left out on purpose, why (hook name
+      → reason, e.g. ``{"throttle": "the broker never throttles with a retry
+      hint"}``): the check still skips, and its reason says why, so the report
+      shows a declared limitation of the broker or its test peer rather than
+      an oversight. Names: ``upstream``, ``refuse_target``, ``make_forbidden``,
+      ``throttle``, ``secret``, ``binding``.
     """
 
     make_transport: Callable[[str], Transport]
@@ -99,6 +105,7 @@ class ConformanceTarget:
     secret: str | None = dataclasses.field(default=None, repr=False)
     binding: Binding | None = None
     cleanup: Callable[[str], Awaitable[None]] | None = None
+    unsupported: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 from outrelay.conformance._harness import CHECKS  # noqa: E402

@@ -31,7 +31,7 @@ AWKWARD = 'ünï 日本 🚀 "q" 100% %41 end'
 
 def _binding(ctx: Context) -> Binding:
     if ctx.ct.binding is None:
-        raise CheckSkipped("the target declares no binding")
+        raise ctx.no_hook("binding")
     return ctx.ct.binding
 
 

@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from outrelay.conformance._checks_fidelity import binary_payload
-from outrelay.conformance._harness import CheckFailed, CheckSkipped, Context, Session, check, guarded, short
+from outrelay.conformance._harness import CheckFailed, Context, Session, check, guarded, short
 from outrelay.conformance._proxy import TcpProxy
 from outrelay.core.envelope import Event
 from outrelay.core.errors import OutrelayError, RetryableError, TransportError
@@ -53,7 +53,7 @@ class FaultRig:
 def _hooks(ctx: Context) -> None:
     if ctx.ct.upstream is None or ctx.ct.make_transport_via is None:
         missing = "upstream" if ctx.ct.upstream is None else "make_transport_via"
-        raise CheckSkipped(f"the target declares no {missing}: no fault proxy can sit between transport and broker")
+        raise ctx.no_hook(missing, "no fault proxy can sit between transport and broker")
 
 
 async def _proxy_for(ctx: Context, target: str) -> TcpProxy:

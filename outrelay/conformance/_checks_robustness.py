@@ -38,7 +38,7 @@ async def refused_target_mixed(ctx: Context) -> None:
     ones are Rejected (permanent) and every other one is Delivered and read back."""
     hook = ctx.ct.refuse_target
     if hook is None:
-        raise CheckSkipped("the target declares no refuse_target")
+        raise ctx.no_hook("refuse_target")
     s = await ctx.session()
     bad = await guarded("refuse_target()", hook(s.target), max(ctx.timeout, 30.0))
     events = [ctx.event(f"mixed-{i}", data={"i": i}) for i in range(5)]
@@ -62,7 +62,7 @@ async def throttle_retry_after(ctx: Context) -> None:
     """A broker that throttles answers RetryLater carrying its retry hint (retry_after, in seconds)."""
     hook = ctx.ct.throttle
     if hook is None:
-        raise CheckSkipped("the target declares no throttle")
+        raise ctx.no_hook("throttle")
     s = await ctx.session()
     hint = await guarded("throttle()", hook(s.target), ctx.timeout)
     [r] = await s.send([ctx.event("throttled", data=b"t")], what="send() to a throttled broker")

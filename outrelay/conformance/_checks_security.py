@@ -145,7 +145,7 @@ async def secret_never_leaks(ctx: Context) -> None:
     or log records — also against a broker that is down and with credentials that may not publish."""
     secret = ctx.ct.secret
     if not secret:
-        raise CheckSkipped("the target declares no secret")
+        raise ctx.no_hook("secret")
     if len(secret) < 6:
         raise CheckSkipped(f"the declared secret is {len(secret)} characters: too short to grep for reliably")
     seen: list[str] = []
@@ -169,7 +169,7 @@ async def secret_never_leaks(ctx: Context) -> None:
 def _forbidden(ctx: Context, target: str) -> Transport:
     make = ctx.ct.make_forbidden
     if make is None:
-        raise CheckSkipped("the target declares no make_forbidden")
+        raise ctx.no_hook("make_forbidden")
     return ctx.adopt_made("make_forbidden", make(target))
 
 

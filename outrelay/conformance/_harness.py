@@ -132,6 +132,12 @@ class Context:
 
     # -- building blocks -----------------------------------------------------
 
+    def no_hook(self, hook: str, why: str = "") -> CheckSkipped:
+        """The skip for a check whose optional ``hook`` the target does not give, with the reason the
+        target declares for it (``unsupported``) or ``why``."""
+        reason = self.ct.unsupported.get(hook) or why
+        return CheckSkipped(f"the target declares no {hook}" + (f": {reason}" if reason else ""))
+
     def event(self, stream: str = "s", **fields: Any) -> Event:
         """A new event of this check (type :data:`EVENT_TYPE`), tracked by id."""
         fields.setdefault("type", EVENT_TYPE)

@@ -41,6 +41,9 @@ class TestRedisClusterConformance(ConformanceSuite):
             make_transport=lambda key: make(key, redis_cluster_url),
             provision=provision,
             make_unreachable=lambda key: make(key, f"redis://127.0.0.1:{free_port()}"),
+            unsupported={
+                "throttle": "Redis has no throttling answer (a full server refuses with OOM, no retry hint)",
+            },
             label="redis cluster (6 real redis-server nodes, cluster = true)",
             read_timeout=5.0,
             binding=Binding("redis", prefix="ce_"),

@@ -29,6 +29,13 @@ class TestFileConformance(ConformanceSuite):
             make_transport=lambda target: FileTransport(FileConfig(path=target), destination="conformance"),
             provision=provision,
             make_unreachable=unreachable,
+            unsupported={
+                "throttle": "a file never throttles",
+                "upstream": "a file transport has no network connection to cut",
+                "secret": "a file transport takes no credentials",
+                "make_forbidden": "a file transport takes no credentials",
+                "refuse_target": "a file transport refuses no target per message",
+            },
             label="file (JSON Lines in tmp_path)",
             binding=STRUCTURED,
             read_timeout=2.0,

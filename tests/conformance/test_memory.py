@@ -30,6 +30,13 @@ class TestMemoryConformance(ConformanceSuite):
                 MemoryConfig(broker=broker, target=target, max_message_bytes=MAX_BYTES), destination="conformance"
             ),
             make_unreachable=_unreachable,
+            unsupported={
+                "throttle": "an in-process transport never throttles",
+                "upstream": "an in-process transport has no network connection to cut",
+                "secret": "an in-process transport takes no credentials",
+                "make_forbidden": "an in-process transport takes no credentials",
+                "refuse_target": "an in-process transport refuses no target per message",
+            },
             label="memory (in-process broker)",
             binding=Binding("memory", prefix="ce-"),  # datacontenttype travels as Received.content_type
             read_timeout=2.0,

@@ -73,6 +73,9 @@ class TestNatsConformance(ConformanceSuite):
             make_transport=lambda subject: make(subject, (nats_url,)),
             provision=provision,
             make_unreachable=lambda subject: make(subject, (f"nats://127.0.0.1:{free_port()}",)),
+            unsupported={
+                "throttle": "JetStream never throttles with a retry hint (a full stream refuses or discards instead)",
+            },
             label="nats (real nats-server 2.9 with JetStream)",
             read_timeout=10.0,
             upstream=lambda subject: (parts.hostname or "127.0.0.1", parts.port or 4222),
@@ -136,6 +139,9 @@ class TestNatsCredentials:
             make_transport=lambda subject: make(subject, server.port),
             provision=provision,
             make_unreachable=lambda subject: make(subject, free_port()),
+            unsupported={
+                "throttle": "JetStream never throttles with a retry hint (a full stream refuses or discards instead)",
+            },
             label="nats (private nats-server with user/password authorization)",
             read_timeout=10.0,
             make_forbidden=lambda subject: make(subject, server.port, user="nopub"),

@@ -46,6 +46,13 @@ class TestPubSubConformance(ConformanceSuite):
             make_transport=lambda topic: make(topic, pubsub_emulator),
             provision=provision,
             make_unreachable=lambda topic: make(topic, f"127.0.0.1:{free_port()}"),
+            unsupported={
+                "throttle": "the emulator never throttles, and Pub/Sub's RESOURCE_EXHAUSTED carries no retry hint",
+                "refuse_target": (
+                    "a missing topic is NOT_FOUND, retryable by design (an operator creates it); nothing else refuses"
+                    " per message on the emulator"
+                ),
+            },
             label="pubsub (official Cloud Pub/Sub emulator: no authentication, no IAM checks)",
             read_timeout=15.0,
             timeout=20.0,

@@ -46,6 +46,13 @@ def target_for(url: str, **options: Any) -> ConformanceTarget:
         make_transport=lambda t: make(t, url),
         provision=provision,
         make_unreachable=lambda t: make(t, "pulsar://127.0.0.1:1", connect_timeout=1, operation_timeout=1),
+        unsupported={
+            "throttle": (
+                "pulsar-lite never throttles (Pulsar's publish-rate quota blocks the producer, with no retry hint)"
+            ),
+            "refuse_target": "pulsar-lite has no topic policies that refuse a message; an unknown topic is created",
+            "upstream": "pulsar-lite's topic lookup redirects the producer to the broker's own address",
+        },
         label=f"pulsar at {url} (pulsar-lite unless OUTRELAY_PULSAR_URL; no auth: the token is ignored)",
         binding=PULSAR_BINDING,
         secret=token,

@@ -93,6 +93,9 @@ class TestRabbitMQConformance(ConformanceSuite):
             make_transport=lambda target: make(target, url),
             provision=provision,
             make_unreachable=lambda target: make(target, _netloc(url, "127.0.0.1", free_port())),
+            unsupported={
+                "throttle": "RabbitMQ throttles by blocking the connection (flow control), with no retry hint",
+            },
             label="rabbitmq (real RabbitMQ 3.10 broker" + (", users of the run)" if user else ")"),
             read_timeout=10.0,
             upstream=lambda target: (parts.hostname or "127.0.0.1", parts.port or 5672),

@@ -6,7 +6,9 @@ import pytest
 
 from outrelay.conformance import Binding, ConformanceSuite, ConformanceTarget
 
-pytest.importorskip("outrelay_mqtt", reason="the example plugin is not installed: pip install -e examples/outrelay-mqtt")  # noqa: E501
+pytest.importorskip(
+    "outrelay_mqtt", reason="the example plugin is not installed: pip install -e examples/outrelay-mqtt"
+)
 from outrelay_mqtt import MqttConfig, MqttTransport
 
 
@@ -38,6 +40,12 @@ class TestMqttConformance(ConformanceSuite):
             make_transport_via=lambda topic, h, p: make(topic, at=(h, p)),
             make_forbidden=lambda topic: make(topic, at=("127.0.0.1", own_mosquitto[1]), secret="s3cr3t-mqtt-pw"),
             secret="s3cr3t-mqtt-pw",
+            unsupported={
+                "throttle": (
+                    "MQTT has no throttling answer carrying a retry hint (Mosquitto never throttles a QoS 1 "
+                    "publisher)"
+                ),
+            },
             label=f"mqtt (Mosquitto at {host}:{port})",
             binding=Binding("mqtt", prefix="", content_type_header="content-type"),
             read_timeout=5.0,
