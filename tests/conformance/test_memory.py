@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
 from outrelay.conformance import Binding, ConformanceSuite, ConformanceTarget
+from outrelay.conformance._harness import run_check
 from outrelay.transports.memory import MemoryConfig, MemoryTransport
 
 MAX_BYTES = 64 * 1024
@@ -42,3 +44,14 @@ class TestMemoryConformance(ConformanceSuite):
             read_timeout=2.0,
             timeout=2.0,
         )
+
+
+@pytest.mark.parametrize(("check", "hook"), [("throttle_retry_after", "throttle"), ("secret_never_leaks", "secret")])
+def test_unsupported_hook_skip_says_why(check: str, hook: str, tmp_path: Path) -> None:
+    """A hook declared ``unsupported`` skips its check with the declared reason; undeclared, the generic one."""
+    make = lambda target: MemoryTransport(MemoryConfig(broker="orconf-why", target=target))  # noqa: E731
+    declared = ConformanceTarget(make_transport=make, unsupported={hook: "the peer cannot, for a stated reason"})
+    with pytest.raises(pytest.skip.Exception, match=f"declares no {hook}: the peer cannot, for a stated reason"):
+        run_check(declared, check, tmp_path)
+    with pytest.raises(pytest.skip.Exception, match=f"declares no {hook}$"):
+        run_check(ConformanceTarget(make_transport=make), check, tmp_path)
