@@ -177,11 +177,12 @@ class TestLifecycle:
 
 @pytest.mark.parametrize("kind", ["PermissionDenied", "Unauthenticated"])
 def test_refused_credentials_are_permanent(kind: str) -> None:
-    """PERMISSION_DENIED / UNAUTHENTICATED is Rejected saying what to grant, never retried for ever (the
-    emulator has no IAM, so the mapping itself is what can be tested here)."""
+    """PERMISSION_DENIED / UNAUTHENTICATED stops the destination (Rejected with disable_destination, events
+    stay pending) saying what to grant, never retried for ever (the emulator has no IAM, so the mapping
+    itself is what can be tested here)."""
     from google.api_core import exceptions as gexc
 
     from outrelay.transports.pubsub._transport import classify
 
     r = classify(getattr(gexc, kind)("caller lacks pubsub.topics.publish"))
-    assert isinstance(r, Rejected) and "roles/pubsub.publisher" in r.reason
+    assert isinstance(r, Rejected) and r.disable_destination and "roles/pubsub.publisher" in r.reason

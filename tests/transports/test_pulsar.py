@@ -135,14 +135,15 @@ class TestPulsarTransport:
 
 @pytest.mark.parametrize("result", ["AuthenticationError", "AuthorizationError"])
 def test_refused_credentials_are_permanent(result: str) -> None:
-    """A broker refusing the credentials (or their right to produce) is Rejected, never retried for ever
-    (pulsar-lite has no authentication, so the mapping itself is what can be tested here)."""
+    """A broker refusing the credentials (or their right to produce) stops the destination (Rejected with
+    disable_destination: events stay pending), never retried for ever (pulsar-lite has no authentication,
+    so the mapping itself is what can be tested here)."""
     import pulsar
 
     from outrelay.transports.pulsar._errors import map_pulsar_errors, outcome
 
     r = outcome(getattr(pulsar.Result, result))
-    assert isinstance(r, Rejected) and result in r.reason
+    assert isinstance(r, Rejected) and r.disable_destination and result in r.reason
     with pytest.raises(TransportError) as err, map_pulsar_errors("open", "p"):
         raise getattr(pulsar, result)("refused")
     assert not isinstance(err.value, RetryableError) and "refused" in str(err.value)

@@ -368,3 +368,19 @@ class TestSockets:
             await proxy.stop()
         del t
         assert _resource_warnings() == []
+
+
+@pytest.mark.parametrize("kind", ["ServiceBusAuthenticationError", "ServiceBusAuthorizationError"])
+def test_refused_credentials_stop_the_destination(kind: str) -> None:
+    """Credentials refused (or without the Send claim) are never retried for ever: Rejected with
+    disable_destination (events stay pending), and one PermanentError line from open/check."""
+    import azure.servicebus.exceptions as sbe
+
+    from outrelay.core.errors import PermanentError
+    from outrelay.transports.servicebus._transport import classify, map_errors
+
+    cfg = ServiceBusConfig(connection_string=connection_string(1), queue="q")
+    r = classify(getattr(sbe, kind)(message="Unauthorized access. 'Send' claim(s) are required"), cfg)
+    assert isinstance(r, Rejected) and r.disable_destination and "Send claim" in r.reason
+    with pytest.raises(PermanentError, match="Send claim"), map_errors(cfg, "sb", "open"):
+        raise getattr(sbe, kind)(message="refused")

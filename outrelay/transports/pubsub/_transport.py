@@ -25,8 +25,9 @@ Failure modes: gRPC errors map to RetryLater (UNAVAILABLE, RESOURCE_EXHAUSTED,
 DEADLINE_EXCEEDED, NOT_FOUND: fixable without losing the event) or Rejected
 (INVALID_ARGUMENT, too large, and PERMISSION_DENIED / UNAUTHENTICATED:
 credentials that may not publish would otherwise be retried for ever — the
-conformance suite's rule; the event is dead-lettered with the reason and
-replayed once the role is granted). ``open`` raises
+conformance suite's rule; those are Rejected with ``disable_destination``,
+so the destination stops and its events stay pending until the role is
+granted and an operator runs ``outrelay enable``). ``open`` raises
 RetryableError within ``open_timeout`` when the endpoint does not answer.
 """
 
@@ -76,7 +77,11 @@ def classify(exc: BaseException) -> SendResult:
     if isinstance(exc, gexc.NotFound):
         return RetryLater(f"topic not found (create it or fix destinations.*.topic): {exc.message}")
     if isinstance(exc, gexc.PermissionDenied | gexc.Unauthenticated):
-        return Rejected(f"not allowed to publish (grant roles/pubsub.publisher, or fix the credentials): {exc.message}")
+        return Rejected(
+            f"not allowed to publish (grant roles/pubsub.publisher, or fix the credentials, then `outrelay enable` "
+            f"the destination): {exc.message}",
+            disable_destination=True,
+        )
     if isinstance(exc, gexc.GoogleAPICallError):
         return RetryLater(f"Pub/Sub {type(exc).__name__}: {exc.message}")
     if isinstance(exc, TimeoutError | concurrent.futures.TimeoutError):

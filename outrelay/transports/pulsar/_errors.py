@@ -4,8 +4,9 @@ Permanent (retrying the same message cannot help): the message is too big
 or invalid, the topic name is invalid or the topic terminated, the schema is
 incompatible, the operation is not allowed, the credentials are refused or
 may not produce (retrying would go on for ever: the conformance suite's
-rule; ``open`` then fails with one line and events stay pending, a send
-dead-letters with the reason). Everything else — timeouts, connection
+rule; ``open`` then fails with one line, and a send is Rejected with
+``disable_destination``: the destination stops and its events stay pending
+until an operator fixes the credentials and runs ``outrelay enable``). Everything else — timeouts, connection
 errors, full queues — is retryable. The same rule
 turns a ``send_async`` callback's result into a per-message outcome
 (:func:`outcome`); :class:`Acks` gathers those callbacks for one batch.
@@ -34,6 +35,8 @@ PERMANENT = frozenset({
     "NotAllowedError", "OperationNotSupported", "InvalidConfiguration", "InvalidUrl", "CryptoError",
     "AuthenticationError", "AuthorizationError",
 })
+#: refusals of who is asking, not of the message: stop the destination rather than dead-letter its events
+DENIED = frozenset({"AuthenticationError", "AuthorizationError"})
 
 
 @contextlib.contextmanager
@@ -101,6 +104,9 @@ def outcome(result: Any) -> SendResult:
     if result == pulsar.Result.Ok:
         return Delivered()
     name = str(result).rsplit(".", 1)[-1]
+    if name in DENIED:
+        return Rejected(f"pulsar: {name}: fix the token/credentials or grant produce permission, then `outrelay "
+                        "enable` the destination", disable_destination=True)  # fmt: skip
     if name in PERMANENT:
         return Rejected(f"pulsar: {name}")
     return RetryLater(f"pulsar: {name}")

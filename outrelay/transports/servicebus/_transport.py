@@ -23,8 +23,11 @@ promises FIFO per session, nothing without); ``native_dedupe`` only with
 ``duplicate_detection`` (declared: AMQP cannot ask the entity).
 
 Failure modes: ``server-busy`` -> RetryLater with ``busy_retry_after``;
-connection/timeout/auth/not-found/quota -> RetryLater (the sender is
-re-created next time); too large -> Rejected; other non-retryable SDK
+connection/timeout/not-found/quota -> RetryLater (the sender is
+re-created next time); too large -> Rejected; credentials refused or
+without the Send claim -> Rejected with ``disable_destination`` (the
+destination stops, its events stay pending until ``outrelay enable``; from
+``open``/``check``, one PermanentError line); other non-retryable SDK
 errors -> Rejected. Connection strings never appear in messages.
 
 Sockets: every SDK sender is wrapped in a :class:`~._sockets.Guarded`, so the
@@ -81,7 +84,12 @@ def classify(exc: BaseException, cfg: ServiceBusConfig) -> SendResult:
     if isinstance(exc, sbe.MessagingEntityNotFoundError):
         return RetryLater(f"entity not found (create it or fix the queue/topic option): {text}")
     if isinstance(exc, sbe.ServiceBusAuthenticationError | sbe.ServiceBusAuthorizationError):
-        return RetryLater(f"not allowed to send (needs the Send claim): {text}")
+        # who is asking is refused, not the message: stop the destination (events stay pending), never retry for ever
+        return Rejected(
+            f"not allowed to send (needs the Send claim; fix the connection string, then `outrelay enable` the "
+            f"destination): {text}",
+            disable_destination=True,
+        )
     if isinstance(exc, sbe.ServiceBusQuotaExceededError | sbe.MessagingEntityDisabledError):
         return RetryLater(f"entity cannot take messages now: {text}")
     if isinstance(exc, sbe.ServiceBusConnectionError | sbe.ServiceBusCommunicationError | sbe.OperationTimeoutError):
