@@ -77,7 +77,8 @@ def test_every_option_and_argument_has_help() -> None:
 
 
 def test_flags_show_no_value_metavar(cli: Cli) -> None:
-    """Help never shows a `<bool>` metavar, as if a flag took a value."""
+    """Every command and group answers --help (exit 0), and help never shows a `<bool>` metavar, as if a
+    flag took a value."""
     for path, _ in _commands():
         proc = cli(*path.split()[1:], "--help")
         assert proc.returncode == 0, (path, proc.stderr)

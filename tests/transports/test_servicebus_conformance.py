@@ -65,6 +65,11 @@ def _target(env: ServiceBusEnv, *, sessions: bool) -> ConformanceTarget:
 
     kind = "sessions + duplicate detection" if sessions else "plain queue"
     return ConformanceTarget(
+        unsupported=dict.fromkeys(
+            ("secret", "make_forbidden", "refuse_target"),
+            "the AMQP test peer has no authentication and no entity policies (the credential mapping is unit-tested "
+            "in test_servicebus.py)",
+        ),
         make_transport=lambda queue: make(queue, env.connection_string),
         provision=provision,
         make_unreachable=lambda queue: make(queue, connection_string(free_port())),
