@@ -28,7 +28,7 @@ import nats
 import nats.js.api
 import pytest
 
-from outrelay import Event, Outbox, PermanentError, Relay, parse_config
+from outrelay import Event, Outbox, PermanentError, Relay, RetryableError, parse_config
 from outrelay.core.transport import Received
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._transport import NatsTransport
@@ -107,13 +107,26 @@ async def _stored(urls: list[str], stream: str) -> int:
 
 
 async def _read_back(urls: list[str], prefix: str, stream: str, count: int) -> list[Received]:
-    reader = NatsTransport(NatsConfig(servers=tuple(urls))).reader(f"{prefix}.>", stream=stream, deliver="all")
+    """Every message of the stream, read back; the reader's consumer is created again while the cluster is
+    still settling after the last fault (its creation times out then), for at most 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        reader = NatsTransport(NatsConfig(servers=tuple(urls))).reader(f"{prefix}.>", stream=stream, deliver="all")
+        try:
+            await reader.start()
+            break
+        except RetryableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
     got: list[Received] = []
-    async with reader:
+    try:
         deadline = time.monotonic() + 90  # generous: the machine may be busy, and this only bounds a failure
         while len({g.event.id for g in got}) < count and time.monotonic() < deadline:
             got += await reader.read(5000, 2.0)
         got += await reader.read(100, 0.3)
+    finally:
+        await reader.stop()
     return got
 
 
