@@ -47,6 +47,20 @@ def refused_login(topic: str, bootstrap: str, password: str) -> KafkaTransport:
     )
 
 
+#: the hooks no Kafka target here can give, and why (both targets below)
+UNSUPPORTED = {
+    "throttle": (
+        "Kafka throttles by delaying responses (quota throttle_time_ms), never by refusing with a retry hint; "
+        "tansu has no quotas"
+    ),
+    "refuse_target": (
+        "Kafka refuses no topic per message permanently (an unknown topic or a leader election is retryable); "
+        "too-large messages are the max_message_bytes checks'"
+    ),
+    "upstream": "Kafka clients reconnect to the broker's advertised listener, bypassing any proxy",
+}
+
+
 class TestKafkaConformance(ConformanceSuite):
     """Every check of the suite, one fresh 4-partition topic per check."""
 
@@ -71,17 +85,7 @@ class TestKafkaConformance(ConformanceSuite):
             make_transport=lambda topic: make(topic, kafka_peer.bootstrap),
             provision=provision,
             make_unreachable=lambda topic: make(topic, f"127.0.0.1:{free_port()}"),
-            unsupported={
-                "throttle": (
-                    "Kafka throttles by delaying responses (quota throttle_time_ms), never by refusing with a retry "
-                    "hint; tansu has no quotas"
-                ),
-                "refuse_target": (
-                    "Kafka refuses no topic per message permanently (an unknown topic or a leader election is "
-                    "retryable); too-large messages are the max_message_bytes checks'"
-                ),
-                "upstream": "Kafka clients reconnect to the broker's advertised listener, bypassing any proxy",
-            },
+            unsupported=UNSUPPORTED,
             label=kafka_peer.label,
             read_timeout=10.0,
             binding=KAFKA,
@@ -113,17 +117,7 @@ class TestKafkaConformance(ConformanceSuite):
             make_transport=lambda topic: make(topic, tls.bootstrap),
             provision=provision,
             make_unreachable=lambda topic: make(topic, f"127.0.0.1:{free_port()}"),
-            unsupported={
-                "throttle": (
-                    "Kafka throttles by delaying responses (quota throttle_time_ms), never by refusing with a retry "
-                    "hint; tansu has no quotas"
-                ),
-                "refuse_target": (
-                    "Kafka refuses no topic per message permanently (an unknown topic or a leader election is "
-                    "retryable); too-large messages are the max_message_bytes checks'"
-                ),
-                "upstream": "Kafka clients reconnect to the broker's advertised listener, bypassing any proxy",
-            },
+            unsupported=UNSUPPORTED,
             label="tansu 0.6 over TLS (client key encrypted with the secret), and tansu --authentication",
             read_timeout=10.0,
             make_forbidden=lambda topic: refused_login(topic, kafka_auth_bootstrap, tls.passphrase),
