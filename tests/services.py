@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import time
 from typing import NoReturn
 
 import pytest
 
-__all__ = ["free_port", "need", "port_open", "require_services", "wait_port"]
+__all__ = ["free_port", "need", "port_open", "require_services", "stop_process", "wait_port"]
 
 
 def require_services() -> bool:
@@ -46,3 +47,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """Terminate ``proc``; kill it if it has not exited within ``grace`` seconds. Returns once it is gone."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from tests.peers.conformance_hooks import long_secret
-from tests.services import free_port, need, wait_port
+from tests.services import free_port, need, stop_process, wait_port
 
 __all__ = [
     "IAMMoto",
@@ -49,6 +49,7 @@ __all__ = [
     "skip_why",
     "suite_secret",
     "unique",
+    "user_options",
 ]
 
 DUMMY = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
@@ -165,12 +166,7 @@ def _moto_server(log_dir: Path) -> Iterator[str]:
                 raise PeerUnavailable(f"moto_server did not listen on 127.0.0.1:{port} within 30 s")
             yield f"http://127.0.0.1:{port}"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 @pytest.fixture(scope="session")
@@ -300,6 +296,20 @@ def suite_secret(iam: IAMMoto | str) -> str | None:
     if isinstance(iam, IAMMoto):
         return iam.denied[1]
     return None if iam == EXTERNAL else long_secret()
+
+
+def user_options(iam: IAMMoto, user: tuple[str, str]) -> dict[str, Any]:
+    """Transport options reaching the IAM-enforcing server as ``user`` (access key id, secret), with short
+    timeouts (the server is local)."""
+    key, secret = user
+    return {
+        "endpoint_url": iam.endpoint,
+        "region": "us-east-1",
+        "access_key_id": key,
+        "secret_access_key": secret,
+        "connect_timeout": 1,
+        "read_timeout": 3,
+    }
 
 
 def require_iam(iam: IAMMoto | str) -> IAMMoto:

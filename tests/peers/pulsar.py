@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.peers.conformance_hooks import long_secret
-from tests.services import free_port, need, wait_port
+from tests.services import free_port, need, stop_process, wait_port
 
 __all__ = ["PULSAR_LITE_NO_AUTH", "pulsar_binary", "pulsar_dedup", "pulsar_token", "pulsar_url"]
 
@@ -84,10 +84,5 @@ def pulsar_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             need("pulsar-lite", f"pulsar-lite did not listen on 127.0.0.1:{port} within 30 s")
         yield f"pulsar://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()

@@ -25,22 +25,12 @@ from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import STRUCTURED
 from outrelay.transports._aws import DeniedError
 from outrelay.transports.sns._transport import SNSConfig, SNSTransport
-from tests.peers.moto import IAMMoto, aws_client, aws_options, require_iam, skip_why, suite_secret
+from tests.peers.moto import IAMMoto, aws_client, aws_options, require_iam, skip_why, suite_secret, user_options
 
 
 def as_user(iam: IAMMoto, user: tuple[str, str]) -> SNSTransport:
     """A transport publishing to the private server's FIFO topic with ``user``'s keys."""
-    key, secret = user
-    cfg = SNSConfig(
-        topic_arn=iam.topic_arn,
-        endpoint_url=iam.endpoint,
-        region="us-east-1",
-        access_key_id=key,
-        secret_access_key=secret,
-        connect_timeout=1,
-        read_timeout=3,
-    )
-    return SNSTransport(cfg, destination="conformance")
+    return SNSTransport(SNSConfig(topic_arn=iam.topic_arn, **user_options(iam, user)), destination="conformance")
 
 
 def target_for(endpoint: str, *, fifo: bool, iam: IAMMoto | str) -> ConformanceTarget:

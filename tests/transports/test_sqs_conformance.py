@@ -25,22 +25,12 @@ from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import STRUCTURED
 from outrelay.transports._aws import DeniedError
 from outrelay.transports.sqs._transport import SQSConfig, SQSTransport
-from tests.peers.moto import IAMMoto, aws_client, aws_options, require_iam, skip_why, suite_secret
+from tests.peers.moto import IAMMoto, aws_client, aws_options, require_iam, skip_why, suite_secret, user_options
 
 
 def as_user(iam: IAMMoto, user: tuple[str, str]) -> SQSTransport:
     """A transport sending to the private server's FIFO queue with ``user``'s keys."""
-    key, secret = user
-    cfg = SQSConfig(
-        queue_url=iam.queue_url,
-        endpoint_url=iam.endpoint,
-        region="us-east-1",
-        access_key_id=key,
-        secret_access_key=secret,
-        connect_timeout=1,
-        read_timeout=3,
-    )
-    return SQSTransport(cfg, destination="conformance")
+    return SQSTransport(SQSConfig(queue_url=iam.queue_url, **user_options(iam, user)), destination="conformance")
 
 
 def target_for(endpoint: str, *, fifo: bool, iam: IAMMoto | str) -> ConformanceTarget:
