@@ -33,14 +33,14 @@ import logging
 
 from nats.aio.client import Client
 
+from outrelay.transports._streams import close_writer
+
 __all__ = ["close_failed_attempt", "close_streams"]
 
 log = logging.getLogger("outrelay.transports.nats")
 
 #: nats-py ``TcpTransport`` attributes holding the connection's writers: the TLS one, then the plain one
 _WRITERS = ("_io_writer", "_bare_io_writer")
-#: waits for a connection to finish closing that outlived their caller: held so that none is collected mid-way
-_closing: set[asyncio.Future[None]] = set()
 
 
 async def close_failed_attempt(nc: Client, bound: float) -> bool:
@@ -60,19 +60,10 @@ async def close_failed_attempt(nc: Client, bound: float) -> bool:
 
 
 async def close_streams(nc: Client, bound: float) -> None:
-    """Close the stream writers of ``nc``'s transport (TLS writer first, then the plain one).
-
-    Each writer is closed, then given ``bound`` seconds to finish closing (for
-    example, to flush its buffer or to send a TLS close_notify). After that its
-    transport is aborted, so the socket is released even when the link is a
-    black hole. Closing an already closed writer costs nothing. Errors from the
-    closing connection are logged at debug level and not raised.
-
-    The wait runs in a task of its own. In Python 3.11, ``wait_closed`` awaits
-    the protocol's shared close future, so cancelling the await cancels that
-    future, and every later ``wait_closed`` on it (nats-py's ``close()``
-    included) raises ``CancelledError``. If a cancelled nats-py task has already
-    cancelled that future, the writer's transport is aborted.
+    """Close the stream writers of ``nc``'s transport (TLS writer first, then the plain one), each given
+    ``bound`` seconds to finish closing before its transport is aborted
+    (:func:`~outrelay.transports._streams.close_writer`). Errors from the closing connection are
+    logged at debug level and not raised.
 
     :raises asyncio.CancelledError: the caller was cancelled (the transport is aborted first).
     """
@@ -83,19 +74,4 @@ async def close_streams(nc: Client, bound: float) -> None:
         if isinstance(writer, asyncio.StreamWriter) and writer not in writers:
             writers.append(writer)
     for writer in writers:
-        writer.close()
-        closed = asyncio.ensure_future(writer.wait_closed())
-        _closing.add(closed)
-        closed.add_done_callback(_log_close_error)
-        try:
-            await asyncio.wait({closed}, timeout=bound)
-        finally:
-            if not closed.done() or closed.cancelled():
-                writer.transport.abort()
-
-
-def _log_close_error(closed: asyncio.Future[None]) -> None:
-    """Retrieve (and log at debug level) the error a closing connection reports: it is closed all the same."""
-    _closing.discard(closed)
-    if not closed.cancelled() and (exc := closed.exception()) is not None:
-        log.debug("nats: closing the connection of a failed attempt: %s", type(exc).__name__)
+        await close_writer(writer, bound, log, "nats: closing the connection of a failed attempt")

@@ -47,6 +47,8 @@ import contextlib
 import logging
 from typing import Any
 
+from outrelay.transports._streams import close_writer
+
 __all__ = ["Guarded"]
 
 log = logging.getLogger("outrelay.transports.servicebus")
@@ -157,24 +159,13 @@ def _abort(connection: Any) -> None:
 
 
 async def _close_socket(connection: Any) -> None:
-    """Close the socket of ``connection`` gracefully within :data:`SOCKET_BOUND`, else abort it.
+    """Close the socket of ``connection`` gracefully within :data:`SOCKET_BOUND`, else abort it
+    (:func:`~outrelay.transports._streams.close_writer`).
 
     Closing a socket that is already closed costs nothing. The SDK's own state is
     left alone: the SDK object is being discarded, and a read still pending on it
     fails as after a cut connection.
     """
     writer = _writer(connection)
-    if writer is None:
-        return
-    writer.close()
-    try:
-        async with asyncio.timeout(SOCKET_BOUND):
-            await writer.wait_closed()
-    except TimeoutError:  # a black hole never takes the buffered bytes: drop them
-        writer.transport.abort()
-        await asyncio.sleep(0)  # the socket closes in connection_lost, on the loop's next turn
-    except asyncio.CancelledError:
-        writer.transport.abort()
-        raise
-    except Exception as exc:  # wait_closed re-raises the connection's own error; it is closed all the same
-        log.debug("servicebus: closing a leftover AMQP socket: %s", type(exc).__name__)
+    if writer is not None:
+        await close_writer(writer, SOCKET_BOUND, log, "servicebus: closing a leftover AMQP socket")
