@@ -336,6 +336,51 @@ async def send_pipelined(
     return hold_after_failures(batch, out, destination=destination, log=log, fix=fix)
 
 
+async def send_in_waves(
+    batch: Sequence[Message],
+    start: Callable[[Message], Awaitable[asyncio.Future[Any] | SendResult]],
+    outcome: Callable[[Message, asyncio.Future[Any]], SendResult],
+    *,
+    timeout: float | None,
+    destination: str,
+    log: logging.Logger,
+) -> list[SendResult]:
+    """Send ``batch`` with one unconfirmed message per key, keys in parallel, pipelined.
+
+    The same order guarantee as :func:`send_in_key_order` — a key's next
+    message is written only once the previous one is :class:`Delivered`,
+    and after a failure the key's later messages are reported RetryLater
+    without being sent — at the cost of :func:`send_pipelined`: wave *n*
+    writes the *n*-th message of every key still going, with ``start`` (as
+    for :func:`send_pipelined`: all of a wave is written before any outcome
+    is awaited, no task per message), then awaits their outcomes together
+    (at most ``timeout`` seconds per wave). A wave waits for its slowest
+    outcome, which on one ordered connection is close to its last.
+    """
+    lanes: dict[str, list[int]] = {}
+    for i, m in enumerate(batch):
+        lanes.setdefault(m.key, []).append(i)
+    results: list[SendResult | None] = [None] * len(batch)
+    going = list(lanes.values())
+    depth = 0
+    while going:
+        wave = [batch[ix[depth]] for ix in going]
+        outcomes = await send_pipelined(
+            wave, start, outcome, timeout=timeout, destination=destination, log=log, fix="(one key per wave)"
+        )
+        still: list[list[int]] = []
+        for ix, r in zip(going, outcomes, strict=True):
+            results[ix[depth]] = r
+            if not isinstance(r, Delivered):
+                for j in ix[depth + 1 :]:
+                    results[j] = RetryLater(f"not sent: an earlier event of stream {batch[j].key!r} failed")
+            elif len(ix) > depth + 1:
+                still.append(ix)
+        going = still
+        depth += 1
+    return [r if r is not None else RetryLater("not sent") for r in results]
+
+
 def hold_after_failures(
     batch: Sequence[Message], results: list[SendResult], *, destination: str, log: logging.Logger, fix: str
 ) -> list[SendResult]:

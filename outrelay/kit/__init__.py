@@ -20,7 +20,7 @@ Everything a third-party transport needs, and nothing it should not touch::
   (binary mode under a protocol prefix, ``""`` for none), :func:`attributes` /
   :func:`from_attributes`, :func:`to_structured` / :func:`from_structured`
   (JSON structured mode, :data:`STRUCTURED_CONTENT_TYPE`);
-* ordering helpers — :func:`send_in_key_order`, :func:`send_pipelined`,
+* ordering helpers — :func:`send_in_key_order`, :func:`send_in_waves`, :func:`send_pipelined`,
   :func:`hold_after_failures` (keep ``ordered_batches`` honest);
 * :data:`hookimpl` and :class:`Registry` for the ``outrelay_add_transports`` hook.
 
@@ -63,6 +63,7 @@ from outrelay.core.transport import (
     TransportConfig,
     hold_after_failures,
     send_in_key_order,
+    send_in_waves,
     send_pipelined,
 )
 from outrelay.kit._errors import ErrorMap, Kind, Rule, redact
@@ -106,6 +107,7 @@ __all__ = [
     "is_json_content_type",
     "redact",
     "send_in_key_order",
+    "send_in_waves",
     "send_pipelined",
     "to_structured",
 ]

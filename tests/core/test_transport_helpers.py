@@ -8,7 +8,13 @@ import logging
 import pytest
 
 from outrelay import Delivered, Event, Message, Rejected, RetryLater
-from outrelay.core.transport import SendResult, hold_after_failures, send_in_key_order, send_pipelined
+from outrelay.core.transport import (
+    SendResult,
+    hold_after_failures,
+    send_in_key_order,
+    send_in_waves,
+    send_pipelined,
+)
 
 log = logging.getLogger("tests.transport_helpers")
 
@@ -87,3 +93,38 @@ async def test_send_pipelined_starts_in_order_and_stops_a_key_after_a_local_fail
     assert isinstance(results[2], RetryLater) and "not sent" in results[2].error
     assert results[3] == Delivered() and results[4] == RetryLater("no answer")
     assert futures[batch[4].event.id].cancelled()
+
+
+async def test_send_in_waves_keeps_one_message_of_a_key_unconfirmed_and_stops_it_after_a_failure() -> None:
+    """A key's next message is written only once its previous one is confirmed Delivered; keys
+    go together (a wave's writes happen before any of its outcomes is awaited); after a refusal,
+    a timeout or a local failure the key's later messages are never written (RetryLater)."""
+    batch = _batch("a", "a", "a", "b", "b", "c", "c", "d", "d")
+    loop = asyncio.get_running_loop()
+    events: list[str] = []  # "w:<i>" when written, "c:<i>" when its outcome arrives
+    index = {m.event.id: i for i, m in enumerate(batch)}
+
+    async def start(m: Message) -> asyncio.Future[str] | SendResult:
+        i = index[m.event.id]
+        if i == 5:
+            return Rejected("too big")  # c's first: cannot be written
+        events.append(f"w:{i}")
+        f: asyncio.Future[str] = loop.create_future()
+        if i != 7:  # d's first never gets an answer
+            loop.call_soon(lambda: (events.append(f"c:{i}"), f.set_result("no" if i == 1 else "ok")))
+        return f
+
+    def outcome(m: Message, f: asyncio.Future[str]) -> SendResult:
+        if f.cancelled():
+            return RetryLater("no answer")
+        return Rejected("refused") if f.result() == "no" else Delivered()
+
+    results = await send_in_waves(batch, start, outcome, timeout=0.2, destination="d", log=log)
+    assert results[0] == Delivered() and results[1] == Rejected("refused")
+    assert results[3] == results[4] == Delivered()
+    assert isinstance(results[5], Rejected) and results[7] == RetryLater("no answer")
+    for later in (2, 6, 8):
+        assert isinstance(results[later], RetryLater) and "not sent" in results[later].error
+    assert "w:2" not in events and "w:8" not in events
+    assert events.index("w:1") > events.index("c:0") and events.index("w:4") > events.index("c:3")
+    assert events.index("w:3") < events.index("c:0")  # the first wave is written before any outcome

@@ -42,7 +42,9 @@ them. ``pipeline = "auto"`` (the default) therefore pipelines only where that
 cannot happen — a stream that is neither replicated nor ``discard=new``, or
 one the order guard protects — and elsewhere waits for each ack before
 publishing a stream's next message (``pipeline = false``: streams still go in
-parallel, one unacked message each, so even that case cannot reorder). When
+parallel, one unacked message each, so even that case cannot reorder; the
+next message of every stream is written as one pipelined wave whose acks
+are awaited together, :func:`~outrelay.core.transport.send_in_waves`). When
 the stream is unknown at open (a templated subject, no ``expected_stream``)
 ``auto`` pipelines. The order guard (``order_guard``,
 :mod:`~outrelay.transports.nats._chain`; experimental, off by default, and
@@ -87,7 +89,7 @@ from outrelay.core.transport import (
     RetryLater,
     SendResult,
     Transport,
-    send_in_key_order,
+    send_in_waves,
     send_pipelined,
 )
 from outrelay.transports.nats._acks import AckMux
@@ -280,13 +282,6 @@ class NatsTransport(Transport):
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         acks = await self._ready()
-        if not self._pipelined:
-            # one message in flight per stream: a later one never overtakes a lost or refused one
-            return await send_in_key_order(batch, lambda m: self._publish_one(acks, m))
-        return await self._send_pipelined(acks, batch)
-
-    async def _send_pipelined(self, acks: AckMux, batch: Sequence[Message]) -> list[SendResult]:
-        """Publish in batch order without waiting, then collect every ack (see the module docstring)."""
 
         async def start(m: Message) -> asyncio.Future[dict[str, Any]] | SendResult:
             prepared = self._prepare(m)
@@ -297,11 +292,18 @@ class NatsTransport(Transport):
             except (nats.errors.Error, OSError) as exc:
                 return result_for(exc, m.target)
 
+        timeout = self.cfg.ack_timeout
+        if not self._pipelined:
+            # one message in flight per stream: a later one never overtakes a lost or refused one
+            return await send_in_waves(
+                batch, start, self._ack_outcome, timeout=timeout, destination=self.destination, log=log
+            )
+        # publish in batch order without waiting, then collect every ack (see the module docstring)
         return await send_pipelined(
             batch,
             start,
             self._ack_outcome,
-            timeout=self.cfg.ack_timeout,
+            timeout=timeout,
             destination=self.destination,
             log=log,
             fix="set pipeline = false",
@@ -397,17 +399,6 @@ class NatsTransport(Transport):
                 )
                 lost += 1
         return lost
-
-    async def _publish_one(self, acks: AckMux, m: Message) -> SendResult:
-        prepared = self._prepare(m)
-        if not isinstance(prepared, dict):
-            return prepared
-        try:
-            async with asyncio.timeout(self.cfg.ack_timeout):
-                ack = await (await self._write(acks, m, prepared))
-        except (TimeoutError, nats.errors.Error, OSError) as exc:
-            return self._failed(m, exc)
-        return self._acked(m, ack)
 
     def _ack_outcome(self, m: Message, ack: asyncio.Future[dict[str, Any]]) -> SendResult:
         if ack.cancelled():  # no ack within ack_timeout

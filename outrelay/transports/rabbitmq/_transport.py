@@ -74,6 +74,7 @@ from outrelay.transports.rabbitmq._errors import (
     mapped,
     result_for,
 )
+from outrelay.transports.rabbitmq._wire import Properties
 
 if TYPE_CHECKING:
     from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
@@ -256,7 +257,7 @@ class RabbitMQTransport(Transport):
         invalid = bad_names(name, routing_key)
         if invalid is not None:
             return Rejected(invalid)
-        properties = spec.Basic.Properties(
+        properties = Properties(
             headers=cloudevents.binary_headers(event, prefix=HEADER_PREFIX),  # type: ignore[arg-type]
             content_type=event.content_type,
             delivery_mode=2 if self.cfg.persistent else 1,
@@ -271,7 +272,13 @@ class RabbitMQTransport(Transport):
     async def _basic_publish(
         self, wire: Any, m: Message, properties: spec.Basic.Properties, name: str, routing_key: str
     ) -> None:
-        """Publish on the channel's aiormq side (what ``Exchange.publish`` calls) and await the confirm."""
+        """Publish on the channel's aiormq side (what ``Exchange.publish`` calls) and await the confirm.
+
+        ``wait=False``: the publish does not wait, holding the channel lock, until aiormq's writer
+        has flushed its frames — that wait costs every message several event-loop turns and
+        serializes the channel's publishes on them. The frames still enter the connection's
+        bounded write queue in publish order under that lock (order and back-pressure unchanged),
+        and the confirm is still awaited: a connection lost before the write fails it."""
         await wire.basic_publish(
             m.event.data,
             exchange=name,
@@ -279,6 +286,7 @@ class RabbitMQTransport(Transport):
             properties=properties,
             mandatory=self.cfg.mandatory,
             timeout=self.cfg.confirm_timeout,
+            wait=False,
         )
 
     def _outcome(self, m: Message, exc: BaseException | None) -> SendResult:
