@@ -64,7 +64,7 @@ from outrelay.core.transport import (
     RetryLater,
     SendResult,
     Transport,
-    send_in_key_order,
+    send_in_waves,
     send_pipelined,
 )
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, bad_names, split_target, subscription_target
@@ -204,16 +204,6 @@ class RabbitMQTransport(Transport):
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         channel = await self._ready()
-        if not self.cfg.pipeline:
-            # one message in flight per stream: a later one never overtakes a lost or refused one
-            return await send_in_key_order(batch, lambda m: self._publish_one(channel, m))
-        return await self._send_pipelined(channel, batch)
-
-    async def _send_pipelined(
-        self, channel: aio_pika.abc.AbstractChannel, batch: Sequence[Message]
-    ) -> list[SendResult]:
-        """Start every publish in batch order (aiormq writes a channel's frames in the order its
-        publishes start), then wait for all confirms (see the module docstring)."""
 
         async def start(m: Message) -> asyncio.Task[None] | SendResult:
             prepared = self._prepare(m)
@@ -227,6 +217,13 @@ class RabbitMQTransport(Transport):
                 return result_for(exc, self._secrets, m.target)
             return asyncio.create_task(self._basic_publish(wire, m, properties, name, routing_key))
 
+        if not self.cfg.pipeline:
+            # one message in flight per stream: a later one never overtakes a lost or refused one
+            return await send_in_waves(
+                batch, start, self._confirm_outcome, timeout=None, destination=self.destination, log=log
+            )
+        # start every publish in batch order (aiormq writes a channel's frames in the order its
+        # publishes start), then wait for all confirms (see the module docstring)
         return await send_pipelined(
             batch,
             start,
@@ -300,18 +297,6 @@ class RabbitMQTransport(Transport):
             return result_for(exc, self._secrets, m.target)
         log.error("destination %s: publish raised %s (an aio-pika surprise)", self.destination, type(exc).__name__)
         return RetryLater(f"unexpected {type(exc).__name__} while publishing")
-
-    async def _publish_one(self, channel: aio_pika.abc.AbstractChannel, m: Message) -> SendResult:
-        prepared = self._prepare(m)
-        if isinstance(prepared, Rejected):
-            return prepared
-        properties, name, routing_key = prepared
-        try:
-            await self._exchange(channel, name)
-            await self._basic_publish(await channel.get_underlay_channel(), m, properties, name, routing_key)
-        except (aiormq.exceptions.PublishError, *VENDOR_ERRORS) as exc:
-            return self._outcome(m, exc)
-        return Delivered()
 
     async def _exchange(self, channel: aio_pika.abc.AbstractChannel, name: str) -> aio_pika.abc.AbstractExchange:
         """The exchange ``name``, checked to exist once per channel (passively, on a side channel)."""
