@@ -15,6 +15,14 @@ event streams are appended once to one stream key (the transport's own
            the acks of one batch awaited together (as a runtime handling
            several streams at once does) — the gate scripts included.
 
+The ratio depends on redis-py's reply parser, named in the first line of the
+output. Without ``hiredis`` (the pure-Python parser) parsing an entry field by
+field is most of the raw loop's CPU; the backend's READ script returns its
+entries packed into one JSON string (``outrelay/transports/redis/_gate.py``),
+so the backend skips that work and can beat the raw loop. With ``hiredis``
+installed the raw loop gets several times faster while the backend, whose
+cost is then decoding, the gate and the per-message runtime, barely changes.
+
 Each line also gives this process's CPU time per event (``time.process_time``,
 the broker's own CPU excluded): unlike ev/s it hardly moves when other work
 shares the machine, and ``cpu a/b`` is what the ratio would be if the client
@@ -33,6 +41,7 @@ import redis.asyncio as aioredis
 from _bus import bus_consume
 from _cpu import CpuClock
 from _ratio import ratio
+from redis.utils import HIREDIS_AVAILABLE
 
 from outrelay import Event, Message
 from outrelay.core.subscription import SubscriptionSpec
@@ -102,7 +111,11 @@ async def main() -> None:
         await client.delete(key)
         await client.aclose()
         await t.close()
-    print(f"redis @ {url}, {n} events x {args.size} B, {args.streams} streams, one key, batch {args.batch}")
+    parser = "hiredis" if HIREDIS_AVAILABLE else "pure-Python"
+    print(
+        f"redis @ {url}, {n} events x {args.size} B, {args.streams} streams, one key, batch {args.batch}, "
+        f"{parser} reply parser"
+    )
     mean = (n / t_raw + n / t_raw2) / 2
     before_after = f"(mean of {n / t_raw:,.0f} before and {n / t_raw2:,.0f} after the backend)"
     print(f"  (a) raw redis-py XREADGROUP+XACK : {mean:10.0f} ev/s {before_after}")

@@ -3,6 +3,7 @@ attributes come back as errors (for the dead-letter queue), well-formed ones as 
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ import redis.asyncio as aioredis
 from outrelay import Event
 from outrelay.core import cloudevents
 from outrelay.core.subscription import Inbound, SubscriptionSpec
+from outrelay.transports.redis import _gate
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport
 
 GOOD = Event(type="order.created", stream="o-1", data=b"{}", content_type="application/json", tenant="acme")
@@ -66,3 +68,42 @@ async def test_malformed_attributes_are_errors_and_good_events_decode(transport:
     last = got[-1].received
     assert last is not None and last.event == GOOD and last.event.time_text == GOOD.time_text
     assert last.headers["ce_tenantid"] == "acme" and "data" not in last.headers
+
+
+def packed(*parts: object) -> bytes:
+    """What the server's cjson makes of ``parts`` (strings: Latin-1 views of bytes): raw bytes from 0x80 up."""
+    return json.dumps(list(parts), ensure_ascii=False).encode("latin-1")
+
+
+class TestUnpackRead:
+    """The packed reply of the gate's READ script (outrelay.transports.redis._gate.unpack_read)."""
+
+    def test_fields_come_back_as_the_exact_bytes(self) -> None:
+        """Entries (any bytes, invalid UTF-8 included) and list snapshots come back whole."""
+        blob = bytes(range(256)) + "ü".encode()
+        reply = packed(
+            [["1-0", ["data", blob.decode("latin-1"), "\xff", ""]], ["2-0", ["h", "w"]]],
+            ["k,ü".encode().decode("latin-1"), ""],
+            ["k,ü".encode().decode("latin-1"), ["1-0", "0-9"]],
+        )
+        entries, lists, last = _gate.unpack_read([2, reply, b""])
+        assert entries == [("1-0", {b"data": blob, b"\xff": b""}, "k,ü"), ("2-0", {b"h": b"w"}, "")]
+        assert lists == {"k,ü": ["1-0", "0-9"]} and last == ""
+
+    def test_no_list_touched_is_an_empty_table(self) -> None:
+        """cjson writes an empty Lua table as {}: no snapshots."""
+        reply = [1, json.dumps([[["1-0", ["a", "b"]]], [""], {}]).encode(), b""]
+        assert _gate.unpack_read(reply) == ([("1-0", {b"a": b"b"}, "")], {}, "")
+
+    def test_nothing_delivered_gives_the_last_id(self) -> None:
+        """An empty read returns no entries and the stream's last id to wait from."""
+        assert _gate.unpack_read([0, b"", b"5-1"]) == ([], {}, "5-1")
+
+    @pytest.mark.parametrize(
+        "body",
+        [b"[[", b"{}", packed([["1-0", ["a", "b"]]], []), packed([["1-0", ["a"]]], [""], []), packed([], [], [])],
+    )
+    def test_a_reply_of_another_shape_is_an_error(self, body: bytes) -> None:
+        """Not JSON, not three parts, entries and keys that do not match, an odd field list: ValueError."""
+        with pytest.raises(ValueError):
+            _gate.unpack_read([1, body, b""])

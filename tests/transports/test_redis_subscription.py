@@ -210,6 +210,79 @@ class TestGroup:
         await b.stop()
         assert len(first) + len(more) == 7
 
+    async def test_an_ack_racing_the_heartbeat_is_not_reported_as_a_takeover(
+        self, transport: RedisTransport, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A released entry acked just before the heartbeat re-claims it (here: acked behind the member's back)
+        is not reported as taken by another member, and the member's other entries stay its own."""
+        b = sub(transport, claim_timeout=0.3)  # heartbeat every 0.1 s
+        await b.start()
+        await publish(transport, events(2, 2))
+        got = await b.receive(2, 2)
+        assert len(got) == 2
+        client = aioredis.Redis.from_url(transport.cfg.url)
+        await client.xack(transport.cfg.stream, "g", got[0].broker_id)
+        with caplog.at_level("WARNING", logger="outrelay.transports.redis"):
+            await asyncio.sleep(0.35)
+        pending = await client.xpending_range(transport.cfg.stream, "g", min="-", max="+", count=10)
+        await client.aclose()
+        for m in got:
+            await m.ack()
+        await b.stop()
+        assert [p["consumer"] for p in pending] == [b"m"]  # the unacked one is still this member's
+        assert not [r for r in caplog.records if "claimed by another member" in r.getMessage()]
+
+    @pytest.mark.parametrize("mode", ["binary", "structured"])
+    async def test_a_member_gets_every_entry_byte_for_byte(self, redis_url: str, mode: str) -> None:
+        """Binary data (every byte value), non-ASCII ordering keys and foreign entries (empty, non-UTF-8 and
+        comma-laden fields) come out of a group exactly as out of a plain XREAD: same event, headers, body, key."""
+        k = key()
+        t = make(redis_url, k, mode=mode)
+        await t.open()
+        blob = bytes(range(256)) * 3 + b",\r\n$*"
+        evs = [
+            Event(type="t", stream="zürich, 1 ✓", data=blob, content_type="application/octet-stream"),
+            Event(type="t", stream="s", data={"i": "ünïcode"}, labels={"a": "b"}, metadata={"traceparent": "x"}),
+            Event(type="t", stream="t", data=b""),
+        ]
+        foreign: list[dict[str | bytes, str | bytes]] = [
+            {"hello": ""},
+            {b"ce_streamid": "s", b"\xff,name": b"\xfe\x00,", "data": ""},
+            {"ce_partitionkey": "p", "data": blob, "content-type": "application/cloudevents+json"},
+        ]
+        member = sub(t, member="m")
+        fanout = sub(t, group=None)
+        try:
+            await member.start()
+            await fanout.start()
+            await publish(t, evs[:2])
+            client = aioredis.Redis.from_url(redis_url)
+            for fields in foreign:
+                await client.xadd(k, fields)  # type: ignore[arg-type]
+            await client.aclose()
+            await publish(t, evs[2:])
+            got = await drain(member, 6, within=5)
+            seen = await drain(fanout, 6, within=5)
+        finally:
+            await member.stop()
+            await fanout.stop()
+            await t.close()
+        assert [m.broker_id for m in got] == [m.broker_id for m in seen] and len(got) == 6
+        for a, b in zip(got, seen, strict=True):
+            assert (a.stream, a.error, a.delivery_count) == (b.stream, b.error, 1)
+            if b.received is None:
+                assert a.received is None
+                continue
+            assert a.received is not None
+            assert (a.received.event, a.received.headers, a.received.body) == (
+                b.received.event,
+                b.received.headers,
+                b.received.body,
+            )
+        assert [m.received.event for m in got if m.received] == evs
+        assert [m.stream for m in got] == ["zürich, 1 ✓", "s", "", "s", "p", "t"]
+        assert await gate_keys(t) == []
+
 
 class TestFanout:
     async def test_every_subscriber_sees_every_event_in_order(self, transport: RedisTransport) -> None:

@@ -155,12 +155,9 @@ class RedisGroup(RedisSubscriber):
                 log.warning("%r: the group vanished (deleted, or Redis lost its data); creating it again", self)
                 await self._create_group(client)
                 return
-            entries, keys, lists, last = reply
-            self._wait_from = text(last)
-            for (raw_id, flat), raw_key in zip(entries, keys, strict=True):
-                self._add(text(raw_id), dict(zip(flat[::2], flat[1::2], strict=True)), text(raw_key))
-            for i in range(0, len(lists), 2):
-                snapshots[text(lists[i])] = [text(x) for x in lists[i + 1]]
+            entries, snapshots, self._wait_from = _gate.unpack_read(reply)
+            for entry_id, fields, stream in entries:
+                self._add(entry_id, fields, stream)
             room -= len(entries)
         # even when full: the entries that block a full member's held ones may be a dead member's, which
         # only a claim frees (so a member may hold up to prefetch + CLAIM_SLACK entries while it takes over)
@@ -321,8 +318,10 @@ class RedisGroup(RedisSubscriber):
             except TransportError as exc:
                 log.warning("%r: could not refresh %d held entries: %s", self, len(ids), exc)
                 continue
-            if lost:  # claimed by another member while this one stalled: not ours to hand over any more
-                gone = {text(i) for i in lost}
+            # a held id no longer ours was claimed by another member while this one stalled: not ours to hand
+            # over any more. (A released id missing from the pending list was usually just acked meanwhile.)
+            gone = {text(i) for i in lost}.intersection(i for waiting in self._held.values() for i, _ in waiting)
+            if gone:
                 for stream in list(self._held):
                     self._held[stream] = [w for w in self._held[stream] if w[0] not in gone]
                     if not self._held[stream]:
