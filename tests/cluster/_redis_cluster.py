@@ -128,6 +128,17 @@ class RedisClusterPeer:
             out[key] = next(port for start, end, port in ranges if start <= slot <= end)
         return out
 
+    def lowest_slots(self, port: int, count: int) -> set[int]:
+        """The ``count`` lowest slots the primary at ``port`` owns now: those ``redis-cli --cluster
+        reshard`` moves first from it (it takes a source's slots in ascending order)."""
+        owned = sorted(
+            slot
+            for start, end, primary, *_ in self._ask_any("CLUSTER", "SLOTS")
+            if int(primary[1]) == port
+            for slot in range(int(start), int(end) + 1)
+        )
+        return set(owned[:count])
+
     def wait_settled(self, timeout: float = SETTLE) -> None:
         """Until every node says ``cluster_state:ok``, all slots are assigned, every replica is in sync
         with its primary (else ``CLUSTER FAILOVER`` refuses), no slot is migrating or importing, and all
