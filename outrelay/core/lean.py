@@ -29,6 +29,7 @@ import orjson
 
 from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError
+from outrelay.core.history import PAGE
 
 if TYPE_CHECKING:
     from outrelay.core.stores.base import Store
@@ -199,7 +200,7 @@ del _name
 
 
 def read_lean_pages(
-    store: Store, stream: str, *, after: int = 0, upcasters: Upcasters | None = None, page: int = 2000
+    store: Store, stream: str, *, after: int = 0, upcasters: Upcasters | None = None, page: int = PAGE
 ) -> Iterator[list[LeanEvent]]:
     """``stream``'s events after ``after`` as lists (one database page each)
     of :class:`LeanEvent`, in order, upcast to their type's current version
@@ -211,37 +212,31 @@ def read_lean_pages(
 
     up = default_upcasters() if upcasters is None else upcasters
     current = up.current
-    upcast_data = up.upcast_data
+    # per type with upcasters, its current version as it ends in a stored envelope (`2"`): an event
+    # already current (the common case) then costs one find and one startswith on the envelope bytes
+    tails = {t: orjson.dumps(v)[1:] for t, v in current.items()}
+    tail_of, current_of = tails.get, current.get
     while True:
         rows = store.history_lean(stream, after=after, limit=page)
-        out: list[LeanEvent] = []
-        add = out.append
-        lazy: _Page | None = None
-        for seq, type_, version, data in rows:
-            if type(version) is not str:  # the envelope came in place of the version
-                env = version
-                target = current.get(type_)
-                if target is not None:  # only types with upcasters pay for their version
-                    if type(version) is bytes:  # version_of(), inlined: this loop runs once per event
-                        i = version.find(_VERSION_KEY) + _KEY_LEN
-                        j = version.find(b'"', i)
-                        version = (
-                            version_of(version)
-                            if i < _KEY_LEN or j < 0 or version[j - 1] == 92
-                            else version[i:j].decode()
-                        )
-                    else:
-                        version = version_of(version)
-                    if version != target:
-                        version, data = upcast_data(type_, version, data, f"{stream}#{seq}")
-            else:
-                if lazy is None:
-                    lazy = _Page(store, stream, after, page)
-                env = lazy
-                target = current.get(type_)
-                if target is not None and version != target:
-                    version, data = upcast_data(type_, version, data, f"{stream}#{seq}")
-            add(LeanEvent(stream, seq, type_, version, data, env))
+        lazy = _Page(store, stream, after, page)  # the envelopes of rows that came with only a version
+        # one comprehension per page (measured 0.1-0.3 µs less per event than a loop of appends). A row is
+        # (seq, type, version str | envelope bytes, data) (Store.history_lean); the branches, in order:
+        # envelope and no upcasters for the type (the version is found only if asked), envelope at the
+        # current version, version (str) at the current version, anything else (_lean_slow: upcast).
+        out = [
+            (
+                LeanEvent(stream, seq, type_, env, data, env)
+                if (tail := tail_of(type_)) is None
+                else LeanEvent(stream, seq, type_, current[type_], data, env)
+                if (i := env.find(_VERSION_KEY)) >= 0 and env.startswith(tail, i + _KEY_LEN)
+                else _lean_slow(up, stream, seq, type_, env, data, lazy)
+            )
+            if type(env) is bytes
+            else LeanEvent(stream, seq, type_, env, data, lazy)
+            if type(env) is str and current_of(type_, env) == env
+            else _lean_slow(up, stream, seq, type_, env, data, lazy)
+            for seq, type_, env, data in rows
+        ]
         if out:
             yield out
         if len(rows) < page:
@@ -249,8 +244,26 @@ def read_lean_pages(
         after = rows[-1][0]
 
 
+def _lean_slow(up: Upcasters, stream: str, seq: int, type_: str, env: Any, data: bytes, lazy: _Page) -> LeanEvent:
+    """The :class:`LeanEvent` of a row that :func:`read_lean_pages` could not
+    settle at a glance: ``env`` is its version (str; the envelope is then read
+    from ``lazy`` on demand) or its stored envelope, whose version the quick
+    look could not confirm as current (found properly by :func:`version_of`);
+    either way the event may need upcasting.
+
+    :raises EventError: no upcaster path from its version."""
+    if type(env) is str:
+        version, where = env, lazy
+    else:
+        version, where = version_of(env), env
+    target = up.current.get(type_)
+    if target is not None and version != target:
+        version, data = up.upcast_data(type_, version, data, f"{stream}#{seq}")
+    return LeanEvent(stream, seq, type_, version, data, where)
+
+
 def read_lean(
-    store: Store, stream: str, *, after: int = 0, upcasters: Upcasters | None = None, page: int = 2000
+    store: Store, stream: str, *, after: int = 0, upcasters: Upcasters | None = None, page: int = PAGE
 ) -> Iterator[LeanEvent]:
     """``stream``'s events after ``after`` as :class:`LeanEvent`, in order,
     upcast to their type's current version (default registry unless given).
