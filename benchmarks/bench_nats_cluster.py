@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import nats
 import nats.js.api
 from _ratio import ratio, raw_line
-from bench_nats import make_events, raw, relay
+from bench_nats import make_events, raw, relay_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.cluster._nats_cluster import running_cluster
@@ -62,7 +63,9 @@ async def run(urls: list[str], args: argparse.Namespace) -> None:
     events = make_events(args.count, args.streams, args.size)
     n = len(events)
     name, subject = await create_stream(urls)
+    cpu = time.process_time()
     t_raw = await raw(urls[0], subject, events, args.window)
+    raw_cpu = [time.process_time() - cpu]
     await delete_stream(urls, name)
     results = []
     for pipeline in args.pipeline:
@@ -75,18 +78,22 @@ async def run(urls: list[str], args: argparse.Namespace) -> None:
             "pipeline": {"true": True, "false": False}.get(pipeline, pipeline),
             "order_guard": args.guard,
         }
-        results.append((pipeline, await relay(dest, events, args.batch_size, args.in_flight, args.per_stream)))
+        results.append((pipeline, *await relay_cpu(dest, events, args.batch_size, args.in_flight, args.per_stream)))
         await delete_stream(urls, name)
     name, subject = await create_stream(urls)
     try:
+        cpu = time.process_time()
         t_raw2 = await raw(urls[0], subject, events, args.window)
+        raw_cpu.append(time.process_time() - cpu)
     finally:
         await delete_stream(urls, name)
     print(f"nats jetstream cluster (3 nodes, R3 file stream), {n} events x {args.size} B, {args.streams} streams")
     print(f"  raw nats-py publish_async pipelined : {raw_line(n, t_raw, t_raw2)}")
-    for pipeline, t in results:
+    for pipeline, t, _ in results:
         label = f"pipeline={pipeline}, order_guard={args.guard}"
         print(f"  outrelay relay ({label}) : {n / t:10.0f} ev/s ({t:.2f} s), ratio {ratio(n, t, t_raw, t_raw2):.2f}")
+    relays = ", ".join(f"relay pipeline={pipeline} {c / n * 1e6:.1f} µs" for pipeline, _, c in results)
+    print(f"  CPU per event in this process       : raw {sum(raw_cpu) / len(raw_cpu) / n * 1e6:.1f} µs, {relays}")
 
 
 def main() -> None:

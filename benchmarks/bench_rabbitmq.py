@@ -33,7 +33,7 @@ from outrelay.core import cloudevents
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _ratio import ratio, raw_line
-from bench_nats import relay
+from bench_nats import relay, relay_cpu
 
 
 def make_events(count: int, streams: int, size: int) -> list[Event]:
@@ -112,7 +112,9 @@ async def main() -> None:
     n = len(events)
     exchange, queue = await declare(url, args.queue_type)
     try:
+        cpu = time.process_time()
         t_raw = await raw(url, exchange, events, args.window, args.encode_in_raw)
+        raw_cpu = [time.process_time() - cpu]
         dest = {
             "transport": "rabbitmq",
             "url": url,
@@ -120,8 +122,10 @@ async def main() -> None:
             "routing_key": "s.{stream}",
             "pipeline": not args.strict,
         }
-        t_relay = await relay(dest, events, args.batch_size, args.in_flight, args.per_stream)
+        t_relay, relay_cpu_s = await relay_cpu(dest, events, args.batch_size, args.in_flight, args.per_stream)
+        cpu = time.process_time()
         t_raw2 = await raw(url, exchange, events, args.window, args.encode_in_raw)
+        raw_cpu.append(time.process_time() - cpu)
     finally:
         await delete(url, exchange, queue)
     print(
@@ -136,6 +140,10 @@ async def main() -> None:
         f"per_stream={args.per_stream} max_in_flight={args.in_flight}"
     )
     print(f"  ratio relay/raw                          : {ratio(n, t_relay, t_raw, t_raw2):10.2f}")
+    print(
+        f"  CPU per event in this process            : raw {sum(raw_cpu) / len(raw_cpu) / n * 1e6:.1f} µs, "
+        f"relay {relay_cpu_s / n * 1e6:.1f} µs (store thread included)"
+    )
     if not args.no_ceiling:
         t_mem = await relay({"transport": "memory"}, events, args.batch_size, args.in_flight, args.per_stream)
         print(f"  engine ceiling (relay->memory)           : {n / t_mem:10.0f} ev/s ({t_mem:.2f} s)")

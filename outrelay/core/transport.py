@@ -47,6 +47,7 @@ uses it (contract: :mod:`outrelay.core.subscription`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from abc import ABC, abstractmethod
@@ -299,17 +300,21 @@ async def send_pipelined(
     destination: str,
     log: logging.Logger,
     fix: str,
+    flush: Callable[[], Awaitable[None]] | None = None,
 ) -> list[SendResult]:
     """Send ``batch`` pipelined on one ordered connection, keeping ``ordered_batches`` honest.
 
     ``start(m)`` writes ``m`` and returns a future of its broker outcome, or
     a result when it could not be written (then the later messages of its key
     are not started: RetryLater). Messages are started in batch order, one
-    after another, and never concurrently. Once all are started, their
-    futures are awaited together — at most ``timeout`` seconds, after which
-    the rest are cancelled — and ``outcome(m, future)`` maps each done or
-    cancelled future to a result. :func:`hold_after_failures` then applies
-    to the outcomes.
+    after another, and never concurrently. With ``flush``, ``start`` may only
+    stage a message: ``flush()`` is awaited once after the last start and must
+    write what was staged, in order (if it raises, the staged futures must
+    carry the failure; the exception itself is not raised here). Once all
+    are started, their futures are awaited together — at most ``timeout``
+    seconds, after which the rest are cancelled — and ``outcome(m, future)``
+    maps each done or cancelled future to a result.
+    :func:`hold_after_failures` then applies to the outcomes.
     """
     results: list[SendResult | None] = [None] * len(batch)
     started: dict[int, asyncio.Future[Any]] = {}
@@ -324,6 +329,9 @@ async def send_pipelined(
             halted.add(m.key)
             continue
         started[i] = begun
+    if flush is not None:
+        with contextlib.suppress(Exception):  # the staged futures carry the failure
+            await flush()
     if started:
         _, late = await asyncio.wait(started.values(), timeout=timeout)
         for pending in late:
@@ -344,6 +352,7 @@ async def send_in_waves(
     timeout: float | None,
     destination: str,
     log: logging.Logger,
+    flush: Callable[[], Awaitable[None]] | None = None,
 ) -> list[SendResult]:
     """Send ``batch`` with one unconfirmed message per key, keys in parallel, pipelined.
 
@@ -353,9 +362,10 @@ async def send_in_waves(
     without being sent — at the cost of :func:`send_pipelined`: wave *n*
     writes the *n*-th message of every key still going, with ``start`` (as
     for :func:`send_pipelined`: all of a wave is written before any outcome
-    is awaited, no task per message), then awaits their outcomes together
-    (at most ``timeout`` seconds per wave). A wave waits for its slowest
-    outcome, which on one ordered connection is close to its last.
+    is awaited, no task per message; ``flush`` as there, once per wave), then
+    awaits their outcomes together (at most ``timeout`` seconds per wave). A
+    wave waits for its slowest outcome, which on one ordered connection is
+    close to its last.
     """
     lanes: dict[str, list[int]] = {}
     for i, m in enumerate(batch):
@@ -366,8 +376,9 @@ async def send_in_waves(
     while going:
         wave = [batch[ix[depth]] for ix in going]
         outcomes = await send_pipelined(
-            wave, start, outcome, timeout=timeout, destination=destination, log=log, fix="(one key per wave)"
-        )
+            wave, start, outcome, timeout=timeout, destination=destination, log=log, fix="(one key per wave)",
+            flush=flush,
+        )  # fmt: skip
         still: list[list[int]] = []
         for ix, r in zip(going, outcomes, strict=True):
             results[ix[depth]] = r

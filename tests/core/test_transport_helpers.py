@@ -128,3 +128,42 @@ async def test_send_in_waves_keeps_one_message_of_a_key_unconfirmed_and_stops_it
     assert "w:2" not in events and "w:8" not in events
     assert events.index("w:1") > events.index("c:0") and events.index("w:4") > events.index("c:3")
     assert events.index("w:3") < events.index("c:0")  # the first wave is written before any outcome
+
+
+@pytest.mark.parametrize("waves", [False, True])
+async def test_flush_writes_what_start_staged_before_any_outcome_is_awaited(waves: bool) -> None:
+    """With ``flush``, ``start`` only stages; flush runs once per batch (per wave with waves) after
+    the last start and before any outcome is awaited; a flush that raises fails only through
+    the futures it failed, never out of the helper."""
+    batch = _batch("a", "a", "b")
+    loop = asyncio.get_running_loop()
+    staged: list[asyncio.Future[str]] = []
+    flushes: list[int] = []
+
+    async def start(m: Message) -> asyncio.Future[str] | SendResult:
+        f: asyncio.Future[str] = loop.create_future()
+        staged.append(f)
+        return f
+
+    async def flush() -> None:
+        flushes.append(len(staged))
+        group, staged[:] = list(staged), []
+        if len(flushes) == 1:
+            for f in group:
+                f.set_result("ok")
+            return
+        for f in group:
+            f.set_exception(OSError("cut"))
+        raise OSError("cut")
+
+    def outcome(m: Message, f: asyncio.Future[str]) -> SendResult:
+        return RetryLater(str(f.exception())) if f.exception() else Delivered()
+
+    kwargs = {"timeout": 1.0, "destination": "d", "log": log, "flush": flush}
+    if waves:
+        results = await send_in_waves(batch, start, outcome, **kwargs)  # type: ignore[arg-type]
+        assert flushes == [2, 1]  # wave 1: a's first and b's; wave 2: a's second, whose write failed
+        assert results == [Delivered(), RetryLater("cut"), Delivered()]
+    else:
+        results = await send_pipelined(batch, start, outcome, fix="-", **kwargs)  # type: ignore[arg-type]
+        assert flushes == [3] and results == [Delivered()] * 3

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,6 @@ import aio_pika
 import aio_pika.abc
 import aiormq.abc
 import aiormq.exceptions
-from aiormq import spec
 
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
@@ -74,6 +74,7 @@ from outrelay.transports.rabbitmq._errors import (
     mapped,
     result_for,
 )
+from outrelay.transports.rabbitmq._publish import Staged
 from outrelay.transports.rabbitmq._wire import Properties
 
 if TYPE_CHECKING:
@@ -204,42 +205,54 @@ class RabbitMQTransport(Transport):
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         channel = await self._ready()
+        try:
+            wire = await channel.get_underlay_channel()
+        except VENDOR_ERRORS as exc:
+            return [result_for(exc, self._secrets, m.target) for m in batch]
+        # messages are staged (encoded, with a confirm future each) and written together: one write per
+        # batch or wave instead of aiormq's basic_publish per message (see _publish.py)
+        staged = Staged(wire, mandatory=self.cfg.mandatory)
 
-        async def start(m: Message) -> asyncio.Task[None] | SendResult:
+        async def start(m: Message) -> asyncio.Future[Any] | SendResult:
             prepared = self._prepare(m)
             if isinstance(prepared, Rejected):
                 return prepared
             properties, name, routing_key = prepared
             try:
                 await self._exchange(channel, name)  # exists (checked once per channel)
-                wire = await channel.get_underlay_channel()
             except VENDOR_ERRORS as exc:
                 return result_for(exc, self._secrets, m.target)
-            return asyncio.create_task(self._basic_publish(wire, m, properties, name, routing_key))
+            try:
+                return staged.stage(m.event.data, properties, name, routing_key)
+            except (TypeError, ValueError, struct.error) as exc:  # pamqp refused a property value
+                return Rejected(f"cannot encode the AMQP properties: {exc}")
 
+        timeout = self.cfg.confirm_timeout
         if not self.cfg.pipeline:
             # one message in flight per stream: a later one never overtakes a lost or refused one
             return await send_in_waves(
-                batch, start, self._confirm_outcome, timeout=None, destination=self.destination, log=log
-            )
-        # start every publish in batch order (aiormq writes a channel's frames in the order its
-        # publishes start), then wait for all confirms (see the module docstring)
+                batch, start, self._confirm_outcome, timeout=timeout, destination=self.destination, log=log,
+                flush=staged.write,
+            )  # fmt: skip
+        # every message in batch order on one channel (the broker routes a channel's messages in the
+        # order received), then all confirms together (see the module docstring)
         return await send_pipelined(
             batch,
             start,
             self._confirm_outcome,
-            timeout=None,  # each publish waits confirm_timeout itself
+            timeout=timeout,
             destination=self.destination,
             log=log,
             fix="set pipeline = false",
+            flush=staged.write,
         )
 
-    def _confirm_outcome(self, m: Message, publish: asyncio.Future[Any]) -> SendResult:
-        if publish.cancelled():  # aiormq cancels what a closing channel leaves unconfirmed
-            return RetryLater(f"channel to {self.cfg.where} closed before the confirm")
-        return self._outcome(m, publish.exception())
+    def _confirm_outcome(self, m: Message, confirm: asyncio.Future[Any]) -> SendResult:
+        if confirm.cancelled():  # not written, or no confirm within confirm_timeout
+            return result_for(TimeoutError(), self._secrets, m.target)
+        return self._outcome(m, confirm.exception())
 
-    def _prepare(self, m: Message) -> tuple[spec.Basic.Properties, str, str] | Rejected:
+    def _prepare(self, m: Message) -> tuple[Properties, str, str] | Rejected:
         """The AMQP properties, exchange and routing key of ``m``, or why it cannot be published.
 
         Built as pamqp properties directly — what ``aio_pika.Message(...).properties`` gives
@@ -265,26 +278,6 @@ class RabbitMQTransport(Transport):
             correlation_id=event.correlation_id,
         )
         return properties, name, routing_key
-
-    async def _basic_publish(
-        self, wire: Any, m: Message, properties: spec.Basic.Properties, name: str, routing_key: str
-    ) -> None:
-        """Publish on the channel's aiormq side (what ``Exchange.publish`` calls) and await the confirm.
-
-        ``wait=False``: the publish does not wait, holding the channel lock, until aiormq's writer
-        has flushed its frames — that wait costs every message several event-loop turns and
-        serializes the channel's publishes on them. The frames still enter the connection's
-        bounded write queue in publish order under that lock (order and back-pressure unchanged),
-        and the confirm is still awaited: a connection lost before the write fails it."""
-        await wire.basic_publish(
-            m.event.data,
-            exchange=name,
-            routing_key=routing_key,
-            properties=properties,
-            mandatory=self.cfg.mandatory,
-            timeout=self.cfg.confirm_timeout,
-            wait=False,
-        )
 
     def _outcome(self, m: Message, exc: BaseException | None) -> SendResult:
         if exc is None:
