@@ -226,6 +226,42 @@ class TestWire:
         for name in ("_send_command", "_flush_pending", "_flush_queue", "_pending", "_pending_data_size"):
             assert hasattr(Client(), name), f"nats-py no longer has Client.{name}: revisit _acks.py / drop_unsent"
 
+    async def test_staged_publishes_go_out_as_one_command_and_replies_resolve_them(
+        self, nats_url: str, stream: tuple[str, str]
+    ) -> None:
+        """Staged messages are written as one client command (each frame as publish() would write it) and
+        their acks come straight from the read loop (the subscription has no message queue task); a
+        publish that never gets a reply is forgotten by the next sweep."""
+        from outrelay.transports.nats import _acks
+
+        name, prefix = stream
+        nc = await nats.connect(nats_url)
+        try:
+            mux = _acks.AckMux(nc)
+            await mux.start()
+            assert mux._sub is not None and mux._sub._wait_for_msgs_task is None
+            sent: list[bytes] = []
+            real = nc._send_command
+
+            async def spy(cmd: bytes, priority: bool = False) -> None:
+                sent.append(cmd)
+                await real(cmd, priority)
+
+            nc._send_command = spy  # type: ignore[method-assign]
+            futures = [mux.stage(f"{prefix}.s", f"m{i}".encode(), {"Nats-Msg-Id": f"id-{i}"}) for i in range(3)]
+            assert sent == []  # nothing is written before the flush
+            await mux.flush()
+            assert len(sent) == 1 and sent[0].count(b"HPUB ") == 3
+            acks = await asyncio.wait_for(asyncio.gather(*futures), 5)
+            assert [a["seq"] for a in acks] == [1, 2, 3] and {a["stream"] for a in acks} == {name}
+            assert mux._pending == {} and mux._subjects == {}
+            lost = mux.stage(f"{prefix}.s", b"x", {})  # cancelled before any reply: only a sweep forgets it
+            lost.cancel()
+            mux._sweep()
+            assert mux._pending == {} and mux._subjects == {}
+        finally:
+            await nc.close()
+
     async def test_unsent_buffer_is_dropped(self, nats_url: str) -> None:
         """drop_unsent() forgets a published-but-unflushed message: it never reaches the server
         (what keeps a reconnect from sending it after a lost earlier one)."""

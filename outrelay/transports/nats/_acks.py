@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import nats.errors
@@ -33,6 +35,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 __all__ = ["AckMux", "header_block"]
+
+log = logging.getLogger("outrelay.transports.nats")
+
+#: pending publishes before the first sweep of those that ended without a reply (see AckMux._sweep)
+_SWEEP_AT = 8192
 
 _NO_RESPONDERS = "503"
 _NEWLINES = str.maketrans({"\r": " ", "\n": " "})
@@ -58,6 +65,12 @@ class AckMux:
 
     :meth:`start` subscribes once (nats-py re-subscribes after reconnects).
     A future that is cancelled (the caller timed out) is forgotten.
+
+    Replies are handled as the client's read loop parses them (:class:`_Direct`),
+    not through a subscription queue drained by a task of their own: one ack
+    costs no queue put, task switch or coroutine. :meth:`stage` and
+    :meth:`flush` write many messages as one command (the same bytes as
+    :meth:`publish` for each, in staging order).
     """
 
     def __init__(self, nc: Client) -> None:
@@ -68,11 +81,16 @@ class AckMux:
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._subjects: dict[str, str] = {}  # token -> subject, to fail what the server refused
         self._sub: Subscription | None = None
+        self._staged: list[bytes] = []
+        self._staged_futures: list[asyncio.Future[dict[str, Any]]] = []
+        self._sweep_at = _SWEEP_AT
 
     async def start(self) -> None:
         self.prefix = self.nc.new_inbox() + "."
         self._prefix_bytes = self.prefix.encode()
-        self._sub = await self.nc.subscribe(self.prefix + "*", cb=self._on_reply)
+        # nats-py resolves a subscription's ``future`` from its read loop for every message it gets
+        # (meant for one reply to an old-style request); the duck-typed one handles each reply at once
+        self._sub = await self.nc.subscribe(self.prefix + "*", future=_Direct(self._on_reply))  # type: ignore[arg-type]
 
     async def publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[dict[str, Any]]:
         """Send one message; the future gives the ack (``{"stream", "seq", "duplicate"?}``).
@@ -81,6 +99,60 @@ class AckMux:
 
         :raises nats.errors.Error: the connection cannot take the message now.
         """
+        frame, future = self._frame(subject, payload, headers)
+        nc = self.nc
+        try:
+            await nc._send_command(frame)
+            if nc._flush_queue is not None and nc._flush_queue.empty():
+                await nc._flush_pending()
+        except BaseException:
+            future.cancel()
+            raise
+        return future
+
+    def stage(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[dict[str, Any]]:
+        """Encode one message for the next :meth:`flush` (nothing is sent yet); the future gives its ack.
+
+        :raises nats.errors.Error: the connection cannot take the message now (nothing was staged).
+        """
+        frame, future = self._frame(subject, payload, headers)
+        self._staged.append(frame)
+        self._staged_futures.append(future)
+        return future
+
+    async def flush(self) -> None:
+        """Write what was staged, in staging order, as one command.
+
+        If the client refuses it, every staged future fails with that error (which is raised)."""
+        frames, futures = self._staged, self._staged_futures
+        self._staged, self._staged_futures = [], []
+        if not frames:
+            return
+        nc = self.nc
+        try:
+            if nc.is_closed:
+                raise nats.errors.ConnectionClosedError
+            if not nc.is_connected:  # never add to the re-send buffer (see publish)
+                raise nats.errors.ConnectionReconnectingError
+            await nc._send_command(b"".join(frames))
+            if nc._flush_queue is not None and nc._flush_queue.empty():
+                await nc._flush_pending()
+        except asyncio.CancelledError:
+            for future in futures:
+                future.cancel()
+            raise
+        except BaseException as exc:
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
+            raise
+
+    def _frame(
+        self, subject: str, payload: bytes, headers: dict[str, str]
+    ) -> tuple[bytes, asyncio.Future[dict[str, Any]]]:
+        """The ``HPUB`` frame of one message and its registered ack future.
+
+        :raises nats.errors.Error: closed, reconnecting or over ``max_payload`` (nothing registered)."""
         nc = self.nc
         if nc.is_closed:
             raise nats.errors.ConnectionClosedError
@@ -91,9 +163,12 @@ class AckMux:
             raise nats.errors.MaxPayloadError
         token = str(next(self._counter))
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[token] = future
+        if len(self._pending) >= self._sweep_at:
+            self._sweep()
+        self._pending[token] = future  # forgotten when its reply comes, or by _sweep once done otherwise
         self._subjects[token] = subject
-        future.add_done_callback(lambda _: (self._pending.pop(token, None), self._subjects.pop(token, None)))
+        nc.stats["out_msgs"] += 1
+        nc.stats["out_bytes"] += len(payload)
         frame = b"HPUB %b %b%b %d %d\r\n%b%b\r\n" % (
             subject.encode(),
             self._prefix_bytes,
@@ -103,16 +178,7 @@ class AckMux:
             hdr,
             payload,
         )
-        try:
-            nc.stats["out_msgs"] += 1
-            nc.stats["out_bytes"] += len(payload)
-            await nc._send_command(frame)
-            if nc._flush_queue is not None and nc._flush_queue.empty():
-                await nc._flush_pending()
-        except BaseException:
-            future.cancel()
-            raise
-        return future
+        return frame, future
 
     def deny(self, subject: str) -> int:
         """The server refused publishing to ``subject`` (compared case-insensitively:
@@ -128,8 +194,18 @@ class AckMux:
                 failed += 1
         return failed
 
-    async def _on_reply(self, msg: Msg) -> None:
-        future = self._pending.pop(msg.subject[len(self.prefix) :], None)
+    def _sweep(self) -> None:
+        """Forget publishes that ended without a reply (cancelled after a timeout, failed by
+        :meth:`deny` or a refused write); run when the table has grown, not per message."""
+        for token in [t for t, f in self._pending.items() if f.done()]:
+            del self._pending[token]
+            self._subjects.pop(token, None)
+        self._sweep_at = max(_SWEEP_AT, 2 * len(self._pending))
+
+    def _on_reply(self, msg: Msg) -> None:
+        token = msg.subject[len(self.prefix) :]
+        future = self._pending.pop(token, None)
+        self._subjects.pop(token, None)
         if future is None or future.done():
             return
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
@@ -150,3 +226,25 @@ class AckMux:
                 future.set_exception(nats.js.errors.APIError(description=str(error.get("description"))))
             return
         future.set_result(resp)
+
+
+class _Direct:
+    """What nats-py takes for a subscription's reply future: ``set_result(msg)`` hands each
+    message to ``handle`` from the client's read loop. Never done, so never skipped."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: Callable[[Msg], None]) -> None:
+        self.handle = handle
+
+    def cancelled(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, msg: Msg) -> None:
+        try:
+            self.handle(msg)
+        except Exception:  # a reply we cannot read must not end the client's read loop
+            log.exception("nats: failed to handle a JetStream ack")

@@ -282,12 +282,17 @@ class NatsTransport(Transport):
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         acks = await self._ready()
+        # without the order guard a batch (or wave) is staged and written as one command; a guarded
+        # message is written as it is linked into its chain (see _write)
+        flush = acks.flush if self._chain is None else None
 
         async def start(m: Message) -> asyncio.Future[dict[str, Any]] | SendResult:
             prepared = self._prepare(m)
             if not isinstance(prepared, dict):
                 return prepared
             try:
+                if flush is not None:
+                    return acks.stage(m.target, m.event.data, prepared)
                 return await self._write(acks, m, prepared)
             except (nats.errors.Error, OSError) as exc:
                 return result_for(exc, m.target)
@@ -296,7 +301,7 @@ class NatsTransport(Transport):
         if not self._pipelined:
             # one message in flight per stream: a later one never overtakes a lost or refused one
             return await send_in_waves(
-                batch, start, self._ack_outcome, timeout=timeout, destination=self.destination, log=log
+                batch, start, self._ack_outcome, timeout=timeout, destination=self.destination, log=log, flush=flush
             )
         # publish in batch order without waiting, then collect every ack (see the module docstring)
         return await send_pipelined(
@@ -307,6 +312,7 @@ class NatsTransport(Transport):
             destination=self.destination,
             log=log,
             fix="set pipeline = false",
+            flush=flush,
         )
 
     def _prepare(self, m: Message) -> dict[str, str] | SendResult:
