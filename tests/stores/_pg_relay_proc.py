@@ -5,7 +5,8 @@ It drains the PostgreSQL outbox at URL into two destinations, ``a`` and
 ``b``, whose transport records each delivery as a row of
 ``<SINK_SCHEMA>.received`` (destination, stream, seq, relay) numbered by a
 bigserial. Inserting commits before the relay settles, so that number orders
-deliveries across processes exactly as they happened.
+deliveries across processes exactly as they happened. It prints ``ready``
+once built, and starts relaying when a line arrives on its stdin.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ async def main(url: str, name: str, sink_schema: str, admin_url: str, lease: str
     outbox = Outbox.open(url)
     relay = Relay(outbox, config, transports={d: PgSink(sink, destination=d) for d in ("a", "b")})
     print("ready", flush=True)
+    sys.stdin.readline()  # the test starts every relay at once (imports take a second, unevenly)
     summary = await relay.run(drain=True)
     outbox.close()
     print("done", {d: c["delivered"] for d, c in summary.counts.items()}, flush=True)

@@ -196,6 +196,24 @@ class TestNotify:
         finally:
             stop()
 
+    def test_stop_does_not_wait_out_the_poll(self, outbox: Outbox, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Stopping a listener ends its thread even while it waits a long poll (the socket is shut
+        down under it), with no warning logged; a second stop is harmless."""
+        from outrelay.core.stores import postgres_pool
+
+        monkeypatch.setattr(postgres_pool, "_POLL", 120.0)
+        got = threading.Event()
+        stop = outbox.store.listen(lambda what: got.set())
+        deadline = time.monotonic() + 10
+        while not got.is_set() and time.monotonic() < deadline:  # an append before LISTEN is not seen
+            outbox.append(ev())
+            got.wait(0.2)
+        assert got.is_set()  # LISTEN is in place: the thread now waits out its poll
+        threads = [t for t in threading.enumerate() if t.name == "outrelay-pg-listen"]
+        stop()
+        assert not any(t.is_alive() for t in threads)
+        stop()
+
     def test_notify_false_does_not_listen(self, pg_schema: str) -> None:
         """With notify=false, appends send no notification and listen() is a no-op."""
         with Outbox.open(pg_url(pg_schema), notify=False) as ob:

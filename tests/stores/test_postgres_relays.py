@@ -163,9 +163,28 @@ def _start(schema: str, name: str, logs: Path, lease: float) -> subprocess.Popen
                 str(lease),
             ],
             cwd=ROOT,
+            stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+
+def _start_all(schema: str, names: tuple[str, ...], logs: Path, lease: float) -> dict[str, subprocess.Popen[bytes]]:
+    """Start one relay process per name and let them go together, once each has said it is ready."""
+    procs = {name: _start(schema, name, logs, lease) for name in names}
+    deadline = time.monotonic() + 60
+    for name, p in procs.items():
+        while "ready\n" not in (logs / f"{name}.log").read_text(errors="replace"):
+            if p.poll() is not None or time.monotonic() > deadline:
+                for q in procs.values():
+                    q.kill()
+                pytest.fail(f"relay {name} did not get ready: {_log(logs, name)}")
+            time.sleep(0.02)
+    for p in procs.values():
+        assert p.stdin is not None
+        p.stdin.write(b"go\n")
+        p.stdin.close()
+    return procs
 
 
 def _log(logs: Path, name: str) -> str:
@@ -215,8 +234,8 @@ class TestSeveralRelays:
     def test_three_relays_share_the_work_in_order(self, outbox: Outbox, pg_schema: str, tmp_path: Path) -> None:
         """Three relay processes deliver every event once to each destination, in per-stream order, sharing work."""
         _prepare(outbox, pg_schema)
+        procs = _start_all(pg_schema, ("r1", "r2", "r3"), tmp_path, 60)
         started = time.monotonic()
-        procs = {name: _start(pg_schema, name, tmp_path, 60) for name in ("r1", "r2", "r3")}
         _finish(procs, timeout=180)
         elapsed = time.monotonic() - started
         for name, p in procs.items():
@@ -233,7 +252,7 @@ class TestSeveralRelays:
     def test_killed_relay_is_taken_over_after_its_lease(self, outbox: Outbox, pg_schema: str, tmp_path: Path) -> None:
         """A relay SIGKILLed mid-drain loses nothing: the others take its lanes after the lease, in order."""
         _prepare(outbox, pg_schema)
-        procs = {name: _start(pg_schema, name, tmp_path, 2) for name in ("k1", "k2", "k3")}
+        procs = _start_all(pg_schema, ("k1", "k2", "k3"), tmp_path, 2)
         deadline = time.monotonic() + 60
         while _count(pg_schema) < EVENTS // 2 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -11,7 +11,9 @@ appear in reprs or error messages (:func:`redact`).
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -159,7 +161,11 @@ class ConnectionPool:
 
 class Listener:
     """A daemon thread that LISTENs on ``channel`` and calls ``callback(payload)``
-    for each notification; reconnects with backoff (polling covers the gaps)."""
+    for each notification; reconnects with backoff (polling covers the gaps).
+
+    :meth:`stop` shuts the LISTEN connection's socket down, so the thread
+    leaves its wait at once instead of at the end of a poll interval (a relay
+    that stops, ``run --drain`` included, does not wait it out)."""
 
     def __init__(self, conninfo: str, channel: str, callback: Callable[[str], None], where: str) -> None:
         self._conninfo = conninfo
@@ -167,6 +173,8 @@ class Listener:
         self._callback = callback
         self._where = where
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # guards _conn: stop() never touches the socket of a closed connection
+        self._conn: psycopg.Connection[Any] | None = None
         self._thread = threading.Thread(target=self._run, name="outrelay-pg-listen", daemon=True)
         self._thread.start()
 
@@ -181,20 +189,41 @@ class Listener:
                 delay = min(delay * 2, 30.0)
                 continue
             delay = 0.5
+            with self._lock:
+                self._conn = conn
             try:
+                if self._stop.is_set():  # stop() came before the connection was published
+                    return
                 conn.execute(f'LISTEN "{self._channel}"')
                 while not self._stop.is_set():
-                    for note in conn.notifies(timeout=0.5):
+                    for note in conn.notifies(timeout=_POLL):
                         try:
                             self._callback(note.payload)
                         except Exception:  # a wake-up is a hint: never let it kill the listener
                             log.debug("LISTEN callback failed", exc_info=True)
-            except psycopg.Error as exc:
+            except (psycopg.Error, OSError) as exc:
                 if not self._stop.is_set():
                     log.warning("LISTEN connection to %s lost: %s (reconnecting)", self._where, _first_line(exc))
             finally:
-                conn.close()
+                with self._lock:
+                    self._conn = None
+                    conn.close()
 
     def stop(self) -> None:
+        """Stop the thread and close its connection; returns at once (within 5 s at worst)."""
         self._stop.set()
+        with self._lock:
+            conn = self._conn
+            if conn is not None and not conn.closed:
+                with suppress(OSError, psycopg.Error):
+                    # the socket, not the descriptor: the thread's wait sees the end of the stream
+                    sock = socket.socket(fileno=os.dup(conn.fileno()))
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    finally:
+                        sock.close()
         self._thread.join(timeout=5)
+
+
+#: seconds the LISTEN thread waits for notifications before checking its stop flag again
+_POLL = 0.5
