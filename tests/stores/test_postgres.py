@@ -276,6 +276,50 @@ class TestSchemaOptions:
         assert first.migrations_applied == list(range(1, len(MIGRATIONS) + 1))
         assert second.migrations_applied == []
 
+    def test_routing_queue_migration_takes_over_the_unrouted_events(self, pg_schema: str) -> None:
+        """An outbox at schema version 3 (routing by the events' routed flag) migrates to the routing
+        queue: exactly its unrouted events are queued and routed once, history stays readable, and
+        rows any writer inserts afterwards, in plain SQL too, are queued by the trigger."""
+        import orjson
+
+        from outrelay.core.stores.postgres_schema import Names, _bootstrap
+
+        names = Names(pg_schema, "outrelay_")
+        old = [ev("a", 1), ev("b", 2), ev("c", 3)]
+        with psycopg.connect(pg_admin_url(), autocommit=True) as conn, conn.transaction():
+            for stmt in _bootstrap(names):
+                conn.execute(stmt)
+            for version, (name, stmts) in enumerate(MIGRATIONS[:3], start=1):
+                for stmt in stmts:
+                    conn.execute(names.fill(stmt))
+                conn.execute(f"INSERT INTO {names.migrations} (version, name) VALUES (%s, %s)", (version, name))
+            for e, routed in zip(old, (True, False, False), strict=True):
+                conn.execute(
+                    f"INSERT INTO {names.events} (id, stream, type, tenant, time, attrs, data, routed) "
+                    "VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s)",
+                    (e.id, e.stream, e.type, e.tenant, e.time.timestamp(), orjson.dumps(e.attributes()).decode(),
+                     e.data, routed),
+                )  # fmt: skip
+        store = PostgresStore(pg_url(pg_schema))
+        try:
+            assert store.migrations_applied == [4] and store.unrouted() == 2
+            assert store.route(lambda e: ["d"], 100, T0) == 2
+            claimed = store.claim("d", limit=10, per_lane=10, owner="r", lease_seconds=30, now=T0)
+            assert sorted(c.event.id for c in claimed) == sorted(e.id for e in old[1:])
+            assert [e.id for e in store.events()] == [e.id for e in old]
+            new = ev("d", 4)
+            with psycopg.connect(pg_admin_url(), autocommit=True) as conn:  # another writer's plain INSERT
+                conn.execute(
+                    f"INSERT INTO {names.events} (id, stream, type, time, attrs, data) "
+                    "VALUES (%s, %s, %s, %s, %s::jsonb, %s)",
+                    (new.id, new.stream, new.type, new.time.timestamp(), orjson.dumps(new.attributes()).decode(),
+                     new.data),
+                )  # fmt: skip
+            store.append([ev("e", 5), ev("e", 6)])
+            assert store.unrouted() == 3 and store.route(lambda e: ["d"], 100, T0) == 3 and store.unrouted() == 0
+        finally:
+            store.close()
+
     def test_migrate_false_on_empty_schema_refuses(self, pg_schema: str) -> None:
         """Opening with migrate=false where no tables exist says to run `outrelay migrate`."""
         with pytest.raises(StoreError, match="outrelay migrate"):

@@ -11,8 +11,10 @@ Same data model and semantics as the SQLite store (see
   at least once), so a late relay can never corrupt a lane's counters.
 * **Routing** is serialised by a transaction-scoped advisory lock: one relay
   routes at a time, the others skip (``route`` returns 0), which keeps the
-  deliveries of a stream in one order for every relay. Events are found
-  through the ``NOT routed`` partial index, never through a cursor, so a
+  deliveries of a stream in one order for every relay. Events are taken
+  from the routing queue (``<prefix>unrouted``: sequence and stream, filled
+  by a trigger on the events table, so any writer's rows are queued and no
+  event row is rewritten when it is routed), never through a cursor, so a
   transaction that took a lower ``seq`` and commits late is still routed
   (invariant 5); its event then follows, within its stream, the events
   routed before it became visible (delivery order is visibility order).

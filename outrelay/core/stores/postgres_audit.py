@@ -64,7 +64,11 @@ class PostgresAuditMixin(PostgresParts):
     def _audit_unrouted(self, cur: Cursor, limit: int) -> list[tuple[int, str]]:
         """The (seq, id) of the events routing takes next; routing then takes exactly these
         (it runs under the route lock, and events never become unrouted again)."""
-        cur.execute(f"SELECT seq, id FROM {self.n.events} WHERE NOT routed ORDER BY seq LIMIT %s", (limit,))
+        n = self.n
+        cur.execute(
+            f"SELECT u.seq, e.id FROM {n.unrouted} u JOIN {n.events} e ON e.seq = u.seq ORDER BY u.seq LIMIT %s",
+            (limit,),
+        )
         return [(int(r[0]), str(r[1])) for r in cur.fetchall()]
 
     def _audit_routed(self, cur: Cursor, routed: Sequence[tuple[int, str]], at: float) -> None:

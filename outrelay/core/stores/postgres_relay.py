@@ -93,26 +93,25 @@ class RelayMixin:
     def _route_static(
         self, cur: Cursor, dests: list[str], limit: int, now: float, only: list[int] | None = None
     ) -> int:
-        """Every event to every destination: no event row reaches Python.
+        """Every event to every destination: no event row is read at all.
 
-        One statement marks the events routed and inserts their deliveries
-        (ids of a lane ascend with ``seq``) and returns the count per lane;
-        a second one upserts the lanes in (destination, stream) order like
-        everywhere else. Lanes are locked last, for the shortest time: a
-        locked lane is skipped by claims and blocks settles."""
+        One statement takes the events from the routing queue (its rows carry
+        the stream), inserts their deliveries (ids of a lane ascend with
+        ``seq``) and returns the count per lane; a second one upserts the lanes
+        in (destination, stream) order like everywhere else. Lanes are locked
+        last, for the shortest time: a locked lane is skipped by claims and
+        blocks settles."""
         n = self.n
-        pick = "NOT routed" if only is None else "NOT routed AND seq = ANY(%(only)s)"
-        if not dests:  # routed nowhere: only marked
-            cur.execute(
-                f"UPDATE {n.events} SET routed = true WHERE seq IN "
-                f"(SELECT seq FROM {n.events} WHERE {pick} ORDER BY seq LIMIT %(lim)s)",
-                {"lim": limit, "only": only},
-            )
+        pick = "" if only is None else "WHERE seq = ANY(%(only)s) "
+        take = (
+            f"DELETE FROM {n.unrouted} WHERE seq IN (SELECT seq FROM {n.unrouted} {pick}"
+            "ORDER BY seq LIMIT %(lim)s) RETURNING seq, stream"
+        )
+        if not dests:  # routed nowhere: only taken off the queue
+            cur.execute(take, {"lim": limit, "only": only})
             return cur.rowcount
         cur.execute(
-            f"WITH sel AS MATERIALIZED (SELECT seq, stream FROM {n.events} WHERE {pick} "
-            "  ORDER BY seq LIMIT %(lim)s), "
-            f"upd AS (UPDATE {n.events} e SET routed = true FROM sel WHERE e.seq = sel.seq), "
+            f"WITH sel AS MATERIALIZED ({take}), "
             "fan AS MATERIALIZED (SELECT u.d, sel.stream, sel.seq FROM sel CROSS JOIN unnest(%(dests)s::text[]) u(d)), "
             f"ins AS (INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "
             "  SELECT d, stream, seq, %(now)s FROM fan ORDER BY d, seq) "
@@ -147,9 +146,10 @@ class RelayMixin:
         """Route events one by one through ``router`` (content-based routes); only
         the sequences ``only``, when given."""
         n = self.n
-        pick = "NOT routed" if only is None else "NOT routed AND seq = ANY(%(only)s)"
+        pick = "" if only is None else "WHERE u.seq = ANY(%(only)s) "
         cur.execute(
-            f"SELECT seq, stream, attrs, data FROM {n.events} WHERE {pick} ORDER BY seq LIMIT %(lim)s",
+            f"SELECT u.seq, u.stream, e.attrs, e.data FROM {n.unrouted} u JOIN {n.events} e ON e.seq = u.seq "
+            f"{pick}ORDER BY u.seq LIMIT %(lim)s",
             {"lim": limit, "only": only},
         )
         rows = cur.fetchall()
@@ -172,7 +172,7 @@ class RelayMixin:
                 "WITH ORDINALITY AS u(d, s, e, o) ORDER BY o",
                 (now, dests, streams, seqs),
             )
-        cur.execute(f"UPDATE {n.events} SET routed = true WHERE seq = ANY(%s)", ([r[0] for r in rows],))
+        cur.execute(f"DELETE FROM {n.unrouted} WHERE seq = ANY(%s)", ([r[0] for r in rows],))
         if lanes:
             keys = sorted(lanes)  # lock lanes in one global order, last: no deadlock with settle, short waits
             self._upsert_lanes(cur, [k[0] for k in keys], [k[1] for k in keys], [lanes[k] for k in keys], now)
@@ -328,7 +328,7 @@ class RelayMixin:
         return None if row[0][0] is None else float(row[0][0])
 
     def unrouted(self) -> int:
-        return int(self._q(f"SELECT COUNT(*) FROM {self.n.events} WHERE NOT routed")[0][0])
+        return int(self._q(f"SELECT COUNT(*) FROM {self.n.unrouted}")[0][0])
 
 
 #: claim's second statement (see :meth:`RelayMixin.claim`); ``{n}`` gives the table names

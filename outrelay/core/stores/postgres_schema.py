@@ -121,6 +121,27 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             'CREATE INDEX "{p}audit_kind" ON {schema}."{p}audit" (kind, seq)',
         ),
     ),
+    (
+        # routing takes events from this small queue instead of flipping events.routed: that update
+        # rewrote every 1 KB event row (a dead tuple and new entries in every index per event)
+        "routing queue",
+        (
+            """CREATE TABLE {schema}."{p}unrouted" (seq bigint PRIMARY KEY, stream text NOT NULL)
+            WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.05)""",
+            """CREATE FUNCTION {schema}."{p}queue_appended"() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO {schema}."{p}unrouted" (seq, stream) SELECT seq, stream FROM appended WHERE NOT routed;
+                RETURN NULL;
+            END $$""",
+            # every writer's appends are queued, whatever SQL it sends (statement level: one call per insert)
+            """CREATE TRIGGER "{p}queue_appended" AFTER INSERT ON {schema}."{p}events"
+            REFERENCING NEW TABLE AS appended FOR EACH STATEMENT EXECUTE FUNCTION {schema}."{p}queue_appended"()""",
+            """INSERT INTO {schema}."{p}unrouted" (seq, stream)
+            SELECT seq, stream FROM {schema}."{p}events" WHERE NOT routed""",
+            # retention by age over all events (the partial index on routed covers only routing before v4)
+            'CREATE INDEX "{p}events_time_all" ON {schema}."{p}events" (time)',
+        ),
+    ),
 )
 
 
@@ -145,6 +166,7 @@ class Names:
             "snapshots",
             "migrations",
             "audit",
+            "unrouted",
         ):
             setattr(self, table, f'"{schema}"."{prefix}{table}"')
         #: the NOTIFY channel appends and routing signal on
@@ -163,6 +185,7 @@ class Names:
     snapshots: str
     migrations: str
     audit: str
+    unrouted: str
 
     def fill(self, stmt: str) -> str:
         return stmt.replace("{schema}", self.schema).replace("{p}", self.prefix)
