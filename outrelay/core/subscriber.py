@@ -15,7 +15,12 @@ the behaviour users rely on. Here, the mechanics:
   poll of the dead-letter table every ``poll_interval`` seconds, which also
   takes queued replays);
 * with tracing on (:mod:`outrelay.core.tracecontext`), each handler attempt
-  on an event carrying a ``traceparent`` runs in a CONSUMER span under it.
+  on an event carrying a ``traceparent`` runs in a CONSUMER span under it;
+* an ack tries :meth:`Inbound.ack_nowait` first and awaits ``ack`` only when
+  it returns False (a backend that acks synchronously costs no coroutine);
+* an event that needs none of the above (an async handler, no receive
+  transforms, no upcasting, no span) goes to the handler straight from its
+  lane's loop: the general path's steps, without its coroutines.
 
 If the dead-letter database fails, nothing is acked: the lane waits a
 second and handles its head again (the handler may then run again).
@@ -30,7 +35,7 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -41,7 +46,7 @@ from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError, OutrelayError, PermanentError, RetryableError, TransportError
 from outrelay.core.retry import backoff_delay
 from outrelay.core.subscription import Inbound, SubscriptionBackend
-from outrelay.core.upcasting import upcast
+from outrelay.core.upcasting import default_upcasters, upcast
 
 __all__ = ["Handler", "Subscription", "SubscriptionStats"]
 
@@ -99,6 +104,8 @@ class Subscription:
         self._types = None if types in ((), ("*",)) else types
         self._tenants = tenants
         self._streams = streams
+        #: any filter at all: without one, every event matches and _matches is not called
+        self._filtered = self._types is not None or bool(tenants) or bool(streams)
         self._retry = retry
         self._max_attempts = max_attempts
         self._park = park
@@ -190,10 +197,17 @@ class Subscription:
             if failures:
                 log.warning("subscription %s: receiving again after %d failed attempt(s)", self.consumer, failures)
                 failures = 0
+            self._unacked += len(batch)
+            lanes, workers, parked = self._lanes, self._workers, self._parked
             for m in batch:
-                self._unacked += 1
-                self._lanes.setdefault(m.stream, deque()).append(m)
-                self._wake(m.stream)
+                stream = m.stream
+                lane = lanes.get(stream)
+                if lane is None:
+                    lane = lanes[stream] = deque()
+                lane.append(m)
+                # _wake, inlined (its lane is not empty now): a worker unless one runs or the stream is parked
+                if stream not in workers and stream not in parked:
+                    workers[stream] = asyncio.create_task(self._work(stream))
 
     def _wake(self, stream: str) -> None:
         if stream in self._workers or stream in self._parked or not self._lanes.get(stream):
@@ -204,10 +218,27 @@ class Subscription:
         try:
             async with self._slots:
                 lane = self._lanes[stream]
+                # the plain path (see _plain) and what it needs, looked up once: none of it changes during a run
+                plain = self._is_async and not self._decoders
+                handler: Callable[[Event], Awaitable[Any]] = self._handler  # async whenever plain
+                current = default_upcasters().current
                 while lane and not self._stopping and stream not in self._parked:
+                    m = lane[0]
                     try:
-                        if not await self._handle(lane[0]):
-                            break
+                        event = self._plain(m, current) if plain else None
+                        if event is None:
+                            if not await self._handle(m):
+                                break
+                        else:  # what _handle does for it, without its coroutine and _attempts'
+                            try:
+                                await handler(event)
+                            except Exception as exc:
+                                if not await self._outcome(m, event, event, await self._retries(event, False, exc)):
+                                    break
+                            else:
+                                self.stats.handled += 1
+                                if not self._ack_nowait(m):
+                                    await self._ack_awaited(m)
                     except OutrelayError as exc:  # the dead-letter database failed: nothing was acked
                         log.error("subscription %s: stream %r waits: %s", self.consumer, stream, exc)
                         await asyncio.sleep(1.0)
@@ -219,6 +250,25 @@ class Subscription:
                 self._lanes.pop(stream, None)
 
     async def _ack(self, m: Inbound) -> None:
+        """Ack ``m`` (counted off the prefetch window even when the ack fails)."""
+        if not self._ack_nowait(m):
+            await self._ack_awaited(m)
+
+    def _ack_nowait(self, m: Inbound) -> bool:
+        """:meth:`_ack` without a coroutine where ``m``'s backend acks synchronously
+        (:meth:`Inbound.ack_nowait`). False, with nothing done: await :meth:`_ack_awaited`."""
+        done = True  # also when ack_nowait raises: the message is off the window, as with an awaited ack
+        try:
+            done = m.ack_nowait()
+        except TransportError as exc:  # it comes again: a duplicate, which the inbox absorbs
+            log.warning("subscription %s: ack of %s failed (%s); it may come again", self.consumer, m.broker_id, exc)
+        finally:
+            if done:
+                self._unacked -= 1
+                self._room.set()
+        return done
+
+    async def _ack_awaited(self, m: Inbound) -> None:
         try:
             await m.ack()
         except TransportError as exc:  # it comes again: a duplicate, which the inbox absorbs
@@ -236,6 +286,24 @@ class Subscription:
 
     # -- handling -----------------------------------------------------------
 
+    def _plain(self, m: Inbound, current: Mapping[str, str]) -> Event | None:
+        """``m``'s event if the (async) handler can be awaited on it as it is — decoded, passing
+        the filters, at its type's current version (``current``: the upcasters' newest version
+        per type) and with no trace context to continue — else None: :meth:`_handle` takes it.
+        For a subscription without receive transforms only."""
+        received = m.received
+        if received is None:
+            return None
+        event = received.event
+        if self._filtered and not self._matches(event):
+            return None
+        target = current.get(event.type)
+        if target is not None and target != event.event_version:
+            return None
+        if tracecontext.active and "traceparent" in event.metadata:  # a CONSUMER span: _attempts
+            return None
+        return event
+
     async def _handle(self, m: Inbound) -> bool:
         """Handle the head of a lane. True: acked (handled, skipped or dead-lettered);
         False: left unacked (stopping, or its stream was parked)."""
@@ -243,25 +311,31 @@ class Subscription:
             await self._record_foreign(m)
             await self._ack(m)
             return True
-        event = m.received.event
-        if not self._matches(event):
+        received = m.received.event
+        if self._filtered and not self._matches(received):
             self.stats.skipped += 1
             await self._ack(m)
             return True
-        received = event
         try:
-            event = self._decode(event)  # handlers see decrypted events at their type's current version
+            event = self._decode(received)  # handlers see decrypted events at their type's current version
         except EventError as exc:  # no key, altered data, no upcaster path: retrying cannot help
-            outcome: tuple[str, int, float] | None = (str(exc), 0, time.time())
-        else:
-            outcome = await self._attempts(event)
-            if outcome is None:
-                self.stats.handled += 1
-                await self._ack(m)
-                return True
-            if self._stopping and outcome[1] < self._max_attempts:
-                return False
-        assert outcome is not None
+            return await self._give_up(m, received, received, (str(exc), 0, time.time()))
+        return await self._outcome(m, received, event, await self._attempts(event))
+
+    async def _outcome(self, m: Inbound, received: Event, event: Event, outcome: tuple[str, int, float] | None) -> bool:
+        """After the attempts on ``event`` (``received`` as it came): ack it when handled, leave it
+        unacked when stopping cut its attempts short, else dead-letter it (:meth:`_give_up`)."""
+        if outcome is None:
+            self.stats.handled += 1
+            await self._ack(m)
+            return True
+        if self._stopping and outcome[1] < self._max_attempts:
+            return False
+        return await self._give_up(m, received, event, outcome)
+
+    async def _give_up(self, m: Inbound, received: Event, event: Event, outcome: tuple[str, int, float]) -> bool:
+        """Dead-letter ``event`` (decoding failed, or the attempts ran out), then park its stream
+        (False: ``m`` stays unacked) or ack ``m`` (True). ``received`` is the event as it came."""
         reason, attempts, first = outcome
         # with decoders, the dead letter keeps the event as received (ciphertext stays ciphertext)
         kept = received if self._decoders else event
@@ -278,11 +352,16 @@ class Subscription:
         """Plugins' receive transforms (decryption), then upcasting.
 
         :raises EventError: the reason, naming the step that failed."""
-        try:
-            for decode in self._decoders:
-                event = decode(event)
-        except EventError as exc:
-            raise EventError(f"cannot decode: {exc}") from None
+        if self._decoders:
+            try:
+                for decode in self._decoders:
+                    event = decode(event)
+            except EventError as exc:
+                raise EventError(f"cannot decode: {exc}") from None
+        # upcast() returns the event itself when its type has no upcasters or it is current: one lookup here
+        target = default_upcasters().current.get(event.type)
+        if target is None or target == event.event_version:
+            return event
         try:
             return upcast(event)
         except EventError as exc:
@@ -291,28 +370,40 @@ class Subscription:
     async def _attempts(self, event: Event) -> tuple[str, int, float] | None:
         """Call the handler until it succeeds (None) or the attempts run out
         (reason, attempts, first failure time). Stops early when unsubscribing."""
-        first = 0.0
         traced = tracecontext.active and "traceparent" in event.metadata
-        for attempt in range(1, self._max_attempts + 1):
-            try:
-                # with tracing on, each attempt is a CONSUMER span continuing the producer's trace
-                with tracecontext.consuming(event, self.consumer) if traced else contextlib.nullcontext():
-                    if self._is_async:
-                        await self._handler(event)
-                    else:
-                        result = await asyncio.to_thread(self._handler, event)  # copies the span's context
-                        if inspect.isawaitable(result):
-                            await result
-                return None
-            except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}"
-                first = first or time.time()
-            if attempt == self._max_attempts or self._stopping:
-                return reason, attempt, first
+        try:
+            await self._attempt(event, traced)
+        except Exception as exc:
+            return await self._retries(event, traced, exc)
+        return None
+
+    async def _attempt(self, event: Event, traced: bool) -> None:
+        """One call of the handler; with tracing on (``traced``), in a CONSUMER span
+        continuing the producer's trace."""
+        with tracecontext.consuming(event, self.consumer) if traced else contextlib.nullcontext():
+            if self._is_async:
+                await self._handler(event)
+            else:
+                result = await asyncio.to_thread(self._handler, event)  # copies the span's context
+                if inspect.isawaitable(result):
+                    await result
+
+    async def _retries(self, event: Event, traced: bool, exc: Exception) -> tuple[str, int, float] | None:
+        """The rest of :meth:`_attempts` once the first attempt raised ``exc``: back off and
+        call again until the handler succeeds (None) or the attempts run out."""
+        reason, first, attempt = f"{type(exc).__name__}: {exc}", time.time(), 1
+        while attempt < self._max_attempts and not self._stopping:
             self.stats.retries += 1
             log.debug("subscription %s: event %s failed (%s); attempt %d", self.consumer, event.id, reason, attempt)
             await asyncio.sleep(backoff_delay(self._retry, attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+            attempt += 1
+            try:
+                await self._attempt(event, traced)
+            except Exception as again:
+                reason = f"{type(again).__name__}: {again}"
+            else:
+                return None
+        return reason, attempt, first
 
     async def _record(
         self, event: Event, reason: str, attempts: int, first: float, state: str, kept: Event | None = None

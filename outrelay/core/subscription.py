@@ -49,6 +49,12 @@ reconnects by itself) or :class:`~outrelay.PermanentError` (not authorized,
 no such stream: the runtime stops the subscription with that message).
 ``stop`` is idempotent and releases membership so that unacked messages move
 promptly; ``ack`` after ``stop`` is ignored.
+
+Acking without a coroutine: a backend whose ack is local bookkeeping (Kafka
+commits offsets later, in bulk) may hand out an :class:`Inbound` subclass
+whose :meth:`Inbound.ack_nowait` acks on the spot and returns True; the
+runtime calls it first and awaits ``ack`` only when it returns False, as the
+plain :class:`Inbound` always does. ``ack`` keeps working either way.
 """
 
 from __future__ import annotations
@@ -95,6 +101,10 @@ class Inbound:
     broker knows, or ``""``). ``delivery_count`` is 1 on a first delivery
     and higher on a redelivery, when the broker says (else 1). ``ack``
     marks it handled for the group.
+
+    A backend may subclass it (the runtime only reads these attributes and
+    calls ``ack``/``ack_nowait``), e.g. to render ``broker_id`` only when
+    read or to ack synchronously (:meth:`ack_nowait`).
     """
 
     received: Received | None
@@ -104,6 +114,16 @@ class Inbound:
     delivery_count: int = 1
     #: the broker's own id of the message (entry id, sequence, offset), for logs
     broker_id: str = ""
+
+    def ack_nowait(self) -> bool:
+        """Ack now, synchronously, if this message's backend can: True when it did
+        (then do not also await :attr:`ack`; a repeated ack is ignored as with
+        ``ack``), False when the caller must ``await ack()`` — always, here.
+
+        An override must have exactly the effect of ``ack`` (and raise what it
+        would: :class:`~outrelay.TransportError`), without awaiting anything.
+        """
+        return False
 
 
 class SubscriptionBackend(ABC):

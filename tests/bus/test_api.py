@@ -8,10 +8,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from outrelay import ConfigError, ConsumerDeadLetters, Event, EventBus, Inbox, Registry, parse_config
+from outrelay import ConfigError, ConsumerDeadLetters, Event, EventBus, Inbox, Registry, RetryableError, parse_config
+from outrelay.core.config import RetryPolicy
+from outrelay.core.subscriber import Subscription
+from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
+from outrelay.core.transport import Received
 from outrelay.transports.memory import MemoryTransport
 from tests.services import need, port_open
 
@@ -101,6 +106,104 @@ class TestInProcess:
                     break
                 await asyncio.sleep(0.01)
         assert seen == [(e.id, False)]
+
+
+class _ListBackend(SubscriptionBackend):
+    """Hands out the given messages, then nothing (a backend stand-in for the runtime's ack paths)."""
+
+    def __init__(self, messages: list[Inbound]) -> None:
+        super().__init__(SubscriptionSpec(target="t", group="g", member="m"))
+        self.messages = messages
+
+    async def start(self) -> None:
+        pass
+
+    async def receive(self, max_messages: int, timeout: float) -> list[Inbound]:
+        out, self.messages = self.messages[:max_messages], self.messages[max_messages:]
+        if not out:
+            await asyncio.sleep(min(timeout, 0.01))
+        return out
+
+    async def stop(self) -> None:
+        pass
+
+
+class _NowaitInbound(Inbound):
+    """An Inbound whose backend acks synchronously; ``fail`` makes that ack raise as a broker error would."""
+
+    __slots__ = ("acks", "fail")
+
+    def ack_nowait(self) -> bool:
+        if self.fail:
+            raise RetryableError("connection lost while acking")
+        self.acks.append(self.stream)
+        return True
+
+
+class TestAck:
+    """The runtime acks through Inbound.ack_nowait when the backend can, else awaits Inbound.ack."""
+
+    @staticmethod
+    async def run(messages: list[Inbound], handler: Any) -> Subscription:
+        sub = Subscription(
+            _ListBackend(messages), handler, consumer="c", member="m", types=("*",), tenants=(), streams=(),
+            retry=RetryPolicy(initial_delay=0.001, max_delay=0.001), max_attempts=2, park=False,
+            concurrency=4, prefetch=8, dead_letters=ConsumerDeadLetters("memory"),
+        )  # fmt: skip
+        await sub.start()
+        for _ in range(300):
+            if sub.stats.handled + sub.stats.dead_lettered == len(messages):
+                break
+            await asyncio.sleep(0.01)
+        await sub.unsubscribe()
+        return sub
+
+    @staticmethod
+    def inbound(cls: type[Inbound], i: int, awaited: list[str], **extra: Any) -> Inbound:
+        e = Event(type="t", stream=f"s{i % 3}", data={"i": i})
+
+        async def ack() -> None:
+            awaited.append(e.stream)
+
+        m = cls(Received(e, "t", e.stream, {}, b"", None), e.stream, ack, broker_id=f"#{i}")
+        for name, value in extra.items():
+            setattr(m, name, value)
+        return m
+
+    async def test_synchronous_ack_is_not_awaited(self) -> None:
+        """Messages whose ack_nowait acks are acked through it alone, the raising handler's dead-lettered
+        one too, and the prefetch window (smaller than the messages) empties."""
+        acks: list[str] = []
+        awaited: list[str] = []
+        messages = [self.inbound(_NowaitInbound, i, awaited, acks=acks, fail=False) for i in range(20)]
+
+        async def handler(e: Event) -> None:
+            if e.json()["i"] == 5:
+                raise ValueError("no")
+
+        sub = await self.run(messages, handler)
+        assert sub.stats.handled == 19 and sub.stats.dead_lettered == 1 and sub.stats.retries == 1
+        assert sorted(acks) == sorted(m.stream for m in messages) and awaited == []
+        assert sub._unacked == 0
+
+    async def test_plain_inbound_ack_is_awaited(self) -> None:
+        """A plain Inbound (ack_nowait is False) is acked by awaiting its ack, as before the contract grew."""
+        awaited: list[str] = []
+        messages = [self.inbound(Inbound, i, awaited) for i in range(20)]
+        assert not messages[0].ack_nowait()
+        sub = await self.run(messages, lambda e: None)
+        assert sub.stats.handled == 20 and sorted(awaited) == sorted(m.stream for m in messages)
+        assert sub._unacked == 0
+
+    async def test_failed_synchronous_ack_is_logged_and_counted_off(self, caplog: pytest.LogCaptureFixture) -> None:
+        """An ack_nowait raising a TransportError is logged with the message's broker id; the message still
+        leaves the prefetch window (it may come again) and the stream goes on."""
+        awaited: list[str] = []
+        messages = [self.inbound(_NowaitInbound, i, awaited, acks=[], fail=i == 3) for i in range(20)]
+        with caplog.at_level("WARNING", logger="outrelay.bus"):
+            sub = await self.run(messages, lambda e: None)
+        assert sub.stats.handled == 20 and sub._unacked == 0 and awaited == []
+        assert "ack of #3 failed" in caplog.text and "it may come again" in caplog.text
 
 
 class TestInbox:

@@ -331,6 +331,9 @@ class TestKafkaStart:
         assert got[0].received is None and got[0].stream == "s1"
         assert got[0].error and "not an outrelay CloudEvent" in got[0].error and "\n" not in got[0].error
         assert got[1].received is not None and got[1].received.event.id == ev.id
+        # broker_id (what dead letters and logs name) is topic[partition]@offset, rendered when read
+        assert [m.broker_id for m in got] == [f"{topic}[0]@0", f"{topic}[0]@1"]
+        assert f"not an outrelay CloudEvent at {topic}[0]@0: " in got[0].error
 
     async def test_stop_is_idempotent_and_ack_after_stop_ignored(self, kafka_peer: KafkaPeer) -> None:
         """stop() twice is fine, receive after stop returns nothing and ack after stop is ignored."""
@@ -450,7 +453,48 @@ asyncio.run(main())
 """
 
 
+class TestRecord:
+    async def test_acks_synchronously_into_its_partition_track(self) -> None:
+        """A group record's ack_nowait does what awaiting its ack does, at once: the partition's handled
+        prefix and the prefetch count move; a repeated or fan-out ack changes nothing."""
+        from aiokafka import TopicPartition
+
+        from outrelay.transports.kafka._offsets import PartitionTrack
+        from outrelay.transports.kafka._subscriber import KafkaSubscription, _Record
+
+        sub = KafkaSubscription(KafkaConfig(topic="t"), SubscriptionSpec(target="t", group="g"))
+        track, tp = PartitionTrack(), TopicPartition("t", 3)
+        track.hand_all([7, 8, 9])
+        sub._unacked = 3
+        a, b, c = (_Record(None, "s", None, sub, tp, track, offset) for offset in (7, 8, 9))
+        try:
+            assert b.ack_nowait() and track.commit_to is None and sub._unacked == 2  # 7 is not handled yet
+            await a.ack()  # the awaitable form
+            assert track.commit_to == 9 and sub._unacked == 1
+            assert a.ack_nowait() and sub._unacked == 1  # a repeated ack is ignored
+            assert c.ack_nowait() and track.commit_to == 10 and sub._unacked == 0 and track.outstanding == 0
+            assert _Record(None, "s", None, sub, tp, None, 10).ack_nowait()  # fan-out: nothing to account
+            assert sub._unacked == 0
+        finally:
+            if sub._flush is not None:
+                sub._flush.cancel()
+        assert a.broker_id == "t[3]@7" and "t[3]@7" in repr(a)
+        with pytest.raises(AttributeError):
+            a.broker_id = "other"
+
+
 class TestPartitionTrack:
+    def test_in_order_acks_grow_the_prefix_one_by_one(self) -> None:
+        """Acks in handing order move the commit point past each record; stale acks are ignored."""
+        from outrelay.transports.kafka._offsets import PartitionTrack
+
+        track = PartitionTrack()
+        track.hand_all([3, 4, 5])
+        assert track.ack(3) and track.commit_to == 4 and track.outstanding == 2
+        assert not track.ack(3) and not track.ack(2)  # repeated, and never handed (below the pending head)
+        assert track.ack(4) and track.ack(5) and track.commit_to == 6 and track.outstanding == 0
+        assert not track.ack(6)  # nothing pending
+
     def test_commits_only_the_contiguous_acked_prefix(self) -> None:
         """Out-of-order acks advance the commit point only past the contiguous handled prefix."""
         from outrelay.transports.kafka._offsets import PartitionTrack

@@ -10,6 +10,7 @@ handed out) are all acked.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 __all__ = ["PartitionTrack"]
 
@@ -35,9 +36,20 @@ class PartitionTrack:
         """Record that the record at ``offset`` was handed out (offsets arrive in increasing order)."""
         self._pending.append(offset)
 
+    def hand_all(self, offsets: Iterable[int]) -> None:
+        """:meth:`hand` each of ``offsets`` (a fetched batch, in increasing order)."""
+        self._pending.extend(offsets)
+
     def ack(self, offset: int) -> bool:
         """Mark ``offset`` handled; True when it was outstanding (a repeated or stale ack is ignored)."""
-        if not self.live or offset in self._acked or not self._pending or offset < self._pending[0]:
+        pending = self._pending
+        if not self.live or not pending:
+            return False
+        if offset == pending[0] and not self._acked:  # the oldest, nothing acked past it: the prefix grows by one
+            pending.popleft()
+            self.commit_to = offset + 1
+            return True
+        if offset in self._acked or offset < pending[0]:
             return False
         self._acked.add(offset)
         while self._pending and self._pending[0] in self._acked:

@@ -14,6 +14,7 @@ the structured JSON value.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -36,16 +37,21 @@ def decode(topic: str, key: bytes | None, value: bytes | None, headers: Any) -> 
     :raises EventError: the record is not an outrelay CloudEvent.
     :raises UnicodeDecodeError: the record key is not UTF-8.
     """
-    known = cloudevents.attribute_names("ce_")
+    known = _KNOWN
     hdrs: dict[str, str] = {}
     attrs: dict[str, str] = {}
     for k, v in headers or ():  # one pass: values decoded, attributes collected
-        text = v.decode("utf-8", "replace") if v else ""
+        try:
+            text = v.decode() if v else ""  # strict UTF-8 (the fast call); where it fails, what "replace" gives
+        except UnicodeDecodeError:
+            text = v.decode("utf-8", "replace")
         hdrs[k] = text
         attr = known.get(k)
         if attr is not None:
             attrs[attr] = text
-        elif k[:3].lower() == "ce_":  # another spelling, or an extension outrelay does not write
+        # another spelling, or an extension outrelay does not write; k[2:3] first: no other character
+        # lower-cases to "_", so it only spares content-type and the like a slice and a lower()
+        elif k[2:3] == "_" and k[:3].lower() == "ce_":
             attrs[k[3:].lower()] = text
     body = value or b""
     ctype = hdrs.get("content-type")
@@ -55,7 +61,26 @@ def decode(topic: str, key: bytes | None, value: bytes | None, headers: Any) -> 
         if ctype and "datacontenttype" not in attrs:
             attrs["datacontenttype"] = ctype
         event = cloudevents.from_attributes(attrs, body)  # what from_binary(hdrs, prefix="ce_") does
-    return Received(event, topic, key.decode() if key is not None else None, hdrs, body, ctype)
+    # Received(event, topic, key, hdrs, body, ctype), its slots filled directly: a frozen dataclass's
+    # __init__ goes through object.__setattr__ per field, which costs as much again, once per record
+    received = _new(Received)
+    _PUT_EVENT(received, event)
+    _PUT_TARGET(received, topic)
+    _PUT_KEY(received, key.decode() if key is not None else None)
+    _PUT_HEADERS(received, hdrs)
+    _PUT_BODY(received, body)
+    _PUT_CTYPE(received, ctype)
+    return received
+
+
+_KNOWN = cloudevents.attribute_names("ce_")
+_new = object.__new__
+_RECEIVED_FIELDS = ("event", "target", "key", "headers", "body", "content_type")
+if tuple(f.name for f in dataclasses.fields(Received)) != _RECEIVED_FIELDS:  # pragma: no cover - a changed Received
+    raise ImportError(f"kafka decode fills Received's fields {_RECEIVED_FIELDS}; Received changed: update decode")
+_PUT_EVENT, _PUT_TARGET, _PUT_KEY, _PUT_HEADERS, _PUT_BODY, _PUT_CTYPE = (
+    Received.__dict__[name].__set__ for name in _RECEIVED_FIELDS
+)
 
 
 class KafkaReader(Reader):

@@ -40,7 +40,10 @@ subscriber that stops loses its place. ``ack`` does nothing.
 Records that are not outrelay CloudEvents come back as ``Inbound(received=None,
 error=...)`` and take part in the offset bookkeeping like any other: ack
 them once dead-lettered. ``delivery_count`` is always 1 (Kafka does not
-count deliveries).
+count deliveries); ``broker_id`` is ``topic[partition]@offset``. An ack is
+local bookkeeping, so it is synchronous (:meth:`Inbound.ack_nowait`); the
+awaitable ``ack`` does the same. ``receive`` returns at most
+``RECEIVE_CHUNK`` records per call (fewer than asked is within the contract).
 
 :raises RetryableError: from ``start`` when the broker is unreachable; from
     ``receive`` when an idle receive finds no broker reachable (aiokafka
@@ -64,6 +67,7 @@ from aiokafka import errors as ke
 from outrelay.core.errors import PermanentError, RetryableError
 from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
 from outrelay.core.templates import Template
+from outrelay.core.transport import Received
 from outrelay.transports.kafka._config import TOPIC_RE, KafkaConfig
 from outrelay.transports.kafka._errors import describe, map_kafka_errors
 from outrelay.transports.kafka._offsets import PartitionTrack
@@ -74,6 +78,14 @@ __all__ = ["KafkaSubscription", "subscription_for"]
 log = logging.getLogger(__name__)
 
 COMMIT_DELAY = 0.2  # seconds acks wait to be committed together: one OffsetCommit per burst, not per record
+#: at most this many records per receive. getmany builds all its records at once, about a dozen objects
+#: the cyclic GC tracks each; more than its first-generation threshold (700) alive together sets off
+#: collections that promote them — and everything in flight with them — to the oldest generation, whose
+#: full collections then come more than twice as often. The runtime calls receive again at once (a
+#: buffered chunk comes back without yielding), so its lanes see batches as large as before. Measured
+#: on one EventBus member (prefetch 1024, 100K events): 10 -> 4 full collections, GC time per event
+#: halved, process CPU per event 12-18% lower.
+RECEIVE_CHUNK = 64
 _PROBE_EVERY = 1.0  # at most one reachability probe per second of idle receives
 
 
@@ -242,36 +254,25 @@ class KafkaSubscription(SubscriptionBackend):
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._acked.wait(), left)
                     continue
-                batches = await consumer.getmany(timeout_ms=int(min(left, 0.5) * 1000), max_records=room)
+                timeout_ms = int(min(left, 0.5) * 1000)
+                batches = await consumer.getmany(timeout_ms=timeout_ms, max_records=min(room, RECEIVE_CHUNK))
                 for tp, records in batches.items():
                     track = self._tracks.get(tp) if grouped else None
                     if grouped and (track is None or not track.live):
                         continue  # revoked meanwhile: the next owner reads them from the committed offset
                     for r in records:
-                        out.append(self._inbound(r, tp, track))
+                        try:
+                            received = decode(r.topic, r.key, r.value, r.headers)
+                        except Exception as exc:  # whatever the decoder finds wrong, the runtime dead-letters it
+                            out.append(_Record.foreign(self, tp, track, r, exc))
+                        else:
+                            out.append(_Record(received, received.event.stream, None, self, tp, track, r.offset))
+                    if track is not None:  # every record is handed out, decoded or not: each takes an ack
+                        track.hand_all([r.offset for r in records])
+                        self._unacked += len(records)
             if not out and timeout > 0:
                 await self._probe(consumer)
         return out
-
-    def _inbound(self, record: Any, tp: TopicPartition, track: PartitionTrack | None) -> Inbound:
-        key = record.key.decode("utf-8", "replace") if record.key is not None else ""
-        broker_id = f"{tp.topic}[{tp.partition}]@{record.offset}"
-        try:
-            received = decode(record.topic, record.key, record.value, record.headers)
-            inbound = Inbound(received=received, stream=received.event.stream, broker_id=broker_id)
-        except Exception as exc:  # whatever the decoder finds wrong, the runtime dead-letters it
-            error = f"not an outrelay CloudEvent at {broker_id}: {type(exc).__name__}: {str(exc)[:200]}"
-            inbound = Inbound(received=None, stream=key, error=error, broker_id=broker_id)
-        if track is not None:
-            track.hand(record.offset)
-            self._unacked += 1
-            offset = record.offset
-
-            async def ack() -> None:
-                self._ack(track, offset)
-
-            inbound.ack = ack
-        return inbound
 
     def _ack(self, track: PartitionTrack, offset: int) -> None:
         if not track.ack(offset):
@@ -339,6 +340,69 @@ class KafkaSubscription(SubscriptionBackend):
         for tp in assigned:
             self._tracks[tp] = PartitionTrack()
         self._assigned.set()
+
+
+class _Record(Inbound):
+    """One record as handed to the runtime: an :class:`Inbound` that acks synchronously
+    (:meth:`ack_nowait`: a group member's ack is bookkeeping in its partition's
+    :class:`PartitionTrack`, committed later in bulk; fan-out acks nothing) and
+    renders ``broker_id`` (``topic[partition]@offset``) only when it is read — dead
+    letters and logs — instead of for every record. ``ack`` is a method here, not a
+    per-record closure; ``broker_id`` is read-only."""
+
+    __slots__ = ("_offset", "_sub", "_tp", "_track")
+
+    def __init__(
+        self,
+        received: Received | None,
+        stream: str,
+        error: str | None,
+        sub: KafkaSubscription,
+        tp: TopicPartition,
+        track: PartitionTrack | None,
+        offset: int,
+    ) -> None:
+        # not Inbound.__init__: it would assign the ack and broker_id this class computes
+        self.received = received
+        self.stream = stream
+        self.error = error
+        self.delivery_count = 1  # Kafka does not count deliveries
+        self._sub = sub
+        self._tp = tp
+        self._track = track
+        self._offset = offset
+
+    @classmethod
+    def foreign(
+        cls, sub: KafkaSubscription, tp: TopicPartition, track: PartitionTrack | None, record: Any, exc: Exception
+    ) -> _Record:
+        """A record that is not an outrelay CloudEvent (``decode`` raised ``exc``): ordered by its key."""
+        key = record.key.decode("utf-8", "replace") if record.key is not None else ""
+        m = cls(None, key, None, sub, tp, track, record.offset)
+        m.error = f"not an outrelay CloudEvent at {m.broker_id}: {type(exc).__name__}: {str(exc)[:200]}"
+        return m
+
+    @property
+    def broker_id(self) -> str:
+        return f"{self._tp.topic}[{self._tp.partition}]@{self._offset}"
+
+    @broker_id.setter
+    def broker_id(self, value: str) -> None:
+        raise AttributeError("a Kafka record's broker_id is its topic, partition and offset; it cannot be set")
+
+    async def ack(self) -> None:
+        """What :meth:`ack_nowait` does (for callers that await ``ack``)."""
+        self.ack_nowait()
+
+    def ack_nowait(self) -> bool:
+        """Mark the record handled in its partition's track (committed with the next flush);
+        ignored when repeated or once the partition was revoked or the member stopped."""
+        if self._track is not None:
+            self._sub._ack(self._track, self._offset)
+        return True
+
+    def __repr__(self) -> str:
+        return f"<Inbound {self.broker_id} stream={self.stream!r}{' error' if self.error else ''}>"
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
