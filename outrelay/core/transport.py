@@ -51,7 +51,7 @@ import contextlib
 import dataclasses
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -390,6 +390,24 @@ async def send_in_waves(
         going = still
         depth += 1
     return [r if r is not None else RetryLater("not sent") for r in results]
+
+
+@contextlib.contextmanager
+def failing_staged(futures: Sequence[asyncio.Future[Any]]) -> Iterator[None]:
+    """Around a ``flush`` that writes staged messages (see :func:`send_pipelined`): if the
+    write is cancelled, the staged ``futures`` are cancelled; if it raises, those not
+    done yet get the exception. Either way the exception propagates."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        for future in futures:
+            future.cancel()
+        raise
+    except BaseException as exc:
+        for future in futures:
+            if not future.done():
+                future.set_exception(exc)
+        raise
 
 
 def hold_after_failures(

@@ -34,6 +34,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from outrelay.core.transport import failing_staged
+
 __all__ = ["AckMux", "header_block"]
 
 log = logging.getLogger("outrelay.transports.nats")
@@ -129,7 +131,7 @@ class AckMux:
         if not frames:
             return
         nc = self.nc
-        try:
+        with failing_staged(futures):
             if nc.is_closed:
                 raise nats.errors.ConnectionClosedError
             if not nc.is_connected:  # never add to the re-send buffer (see publish)
@@ -137,15 +139,6 @@ class AckMux:
             await nc._send_command(b"".join(frames))
             if nc._flush_queue is not None and nc._flush_queue.empty():
                 await nc._flush_pending()
-        except asyncio.CancelledError:
-            for future in futures:
-                future.cancel()
-            raise
-        except BaseException as exc:
-            for future in futures:
-                if not future.done():
-                    future.set_exception(exc)
-            raise
 
     def _frame(
         self, subject: str, payload: bytes, headers: dict[str, str]

@@ -40,6 +40,7 @@ from typing import Any
 
 from aiormq.abc import ChannelFrame
 
+from outrelay.core.transport import failing_staged
 from outrelay.transports.rabbitmq._wire import Properties
 
 __all__ = ["Staged", "publish_frames"]
@@ -115,7 +116,7 @@ class Staged:
         if not pending:
             return
         ch = self.channel
-        try:
+        with failing_staged(pending):
             async with ch.lock:  # raises ChannelInvalidStateError once the channel is closed
                 await ch.write_queue.put(ChannelFrame(payload=b"".join(frames), should_close=False))
                 # the broker numbers a channel's publishes 1, 2, ... in the order it reads them; nothing
@@ -128,15 +129,6 @@ class Staged:
                     by_id[message_id] = tag
                     future.add_done_callback(_Forget(by_id, message_id, tag))
                 ch.delivery_tag = tag
-        except asyncio.CancelledError:
-            for future in pending:
-                future.cancel()
-            raise
-        except BaseException as exc:
-            for future in pending:
-                if not future.done():
-                    future.set_exception(exc)
-            raise
 
 
 class _Forget:
