@@ -278,8 +278,9 @@ class TestSchemaOptions:
 
     def test_routing_queue_migration_takes_over_the_unrouted_events(self, pg_schema: str) -> None:
         """An outbox at schema version 3 (routing by the events' routed flag) migrates to the routing
-        queue: exactly its unrouted events are queued and routed once, history stays readable, and
-        rows any writer inserts afterwards, in plain SQL too, are queued by the trigger."""
+        queue: exactly its unrouted events are queued and routed once, history stays readable, rows any
+        writer inserts afterwards, in plain SQL too, are queued by the trigger, and an event deleted by
+        hand leaves the queue with it."""
         import orjson
 
         from outrelay.core.stores.postgres_schema import Names, _bootstrap
@@ -316,7 +317,10 @@ class TestSchemaOptions:
                      new.data),
                 )  # fmt: skip
             store.append([ev("e", 5), ev("e", 6)])
-            assert store.unrouted() == 3 and store.route(lambda e: ["d"], 100, T0) == 3 and store.unrouted() == 0
+            assert store.unrouted() == 3
+            with psycopg.connect(pg_admin_url(), autocommit=True) as conn:  # an operator deletes one by hand
+                conn.execute(f"DELETE FROM {names.events} WHERE id = %s", (new.id,))
+            assert store.unrouted() == 2 and store.route(lambda e: ["d"], 100, T0) == 2 and store.unrouted() == 0
         finally:
             store.close()
 

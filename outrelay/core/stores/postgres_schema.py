@@ -126,7 +126,11 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         # rewrote every 1 KB event row (a dead tuple and new entries in every index per event)
         "routing queue",
         (
-            """CREATE TABLE {schema}."{p}unrouted" (seq bigint PRIMARY KEY, stream text NOT NULL)
+            # an event deleted by hand takes its queue entry with it: routing never meets a missing event
+            """CREATE TABLE {schema}."{p}unrouted" (
+                seq bigint PRIMARY KEY REFERENCES {schema}."{p}events" (seq) ON DELETE CASCADE,
+                stream text NOT NULL
+            )
             WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.05)""",
             """CREATE FUNCTION {schema}."{p}queue_appended"() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
