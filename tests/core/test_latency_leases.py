@@ -85,6 +85,47 @@ class TestCrossProcessWakeUp:
             other.close()
 
 
+    def test_watcher_checks_at_the_slow_cadence_while_writes_add_no_events(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """During a stretch of bookkeeping-only writes (a relay draining) the watcher checks about
+        every SLOW_STEP, not every millisecond, and an append in the middle is still seen."""
+        checks = 0
+        original = sqlite_watch.CommitWatcher._check
+
+        def counting(watcher: sqlite_watch.CommitWatcher) -> bool:
+            nonlocal checks
+            checks += 1
+            return original(watcher)
+
+        monkeypatch.setattr(sqlite_watch.CommitWatcher, "_check", counting)
+        store = SQLiteStore(f"sqlite:///{tmp_path}/o.db")
+        other = SQLiteStore(f"sqlite:///{tmp_path}/o.db")
+        got = threading.Event()
+        stop = store.listen(lambda what: got.set())
+        try:
+            if not sqlite_watch._inotify(str(tmp_path)):
+                pytest.skip("inotify is unavailable here: the watcher polls instead (covered above)")
+            other.append([Event(type="t.x", stream="s")])  # a first write after quiet: the fast cadence
+            assert got.wait(2.0)
+            time.sleep(sqlite_watch.HOT_WINDOW * 1.5)  # its fast window ends
+            got.clear()
+            checks = 0
+            started = time.monotonic()
+            while time.monotonic() - started < 0.6:  # bookkeeping writes, one about every 2 ms
+                other.record_error("d", "boom", time.time())
+                time.sleep(0.002)
+            seconds = time.monotonic() - started
+            # 1 ms checks would make ~600; the slow cadence ~120 (and a loaded machine fewer)
+            assert checks < 2 * seconds / sqlite_watch.SLOW_STEP, checks
+            other.append([Event(type="t.x", stream="s")])
+            assert got.wait(2.0)
+        finally:
+            stop()
+            store.close()
+            other.close()
+
+
 class TestLeases:
     async def test_slow_receiver_gets_each_event_exactly_once(self, tmp_path: Path) -> None:
         """A receiver taking 3 s per request with 1 s leases gets exactly one POST per event (leases renewed)."""
