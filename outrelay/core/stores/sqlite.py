@@ -59,7 +59,7 @@ def _busy(db: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> sqlite3
     with an fsync holds the lock for a fraction of a millisecond at a time, and a
     relay that slept 0.5-5 ms between tries lost most of the gaps between its
     commits (at 1,000 appends/s on disk: commit -> broker p50 29 ms, p99 94 ms;
-    retrying every 0.1 ms: p50 5 ms, p99 17 ms). A longer wait backs off to one
+    retrying every 0.1 ms: p50 5 ms, p99 14-22 ms). A longer wait backs off to one
     try every 5 ms."""
     deadline = eager = 0.0
     delay = _BUSY_FIRST
