@@ -102,11 +102,8 @@ class AckMux:
         :raises nats.errors.Error: the connection cannot take the message now.
         """
         frame, future = self._frame(subject, payload, headers)
-        nc = self.nc
         try:
-            await nc._send_command(frame)
-            if nc._flush_queue is not None and nc._flush_queue.empty():
-                await nc._flush_pending()
+            await self._write(frame)
         except BaseException:
             future.cancel()
             raise
@@ -130,15 +127,28 @@ class AckMux:
         self._staged, self._staged_futures = [], []
         if not frames:
             return
-        nc = self.nc
         with failing_staged(futures):
-            if nc.is_closed:
-                raise nats.errors.ConnectionClosedError
-            if not nc.is_connected:  # never add to the re-send buffer (see publish)
-                raise nats.errors.ConnectionReconnectingError
-            await nc._send_command(b"".join(frames))
-            if nc._flush_queue is not None and nc._flush_queue.empty():
-                await nc._flush_pending()
+            self._usable()
+            await self._write(b"".join(frames))
+
+    def _usable(self) -> Client:
+        """The client, when it can take a message now.
+
+        :raises nats.errors.Error: closed, or reconnecting or draining (never add a message to
+            the buffer nats-py re-sends after a reconnect: see ``_transport.py``)."""
+        nc = self.nc
+        if nc.is_closed:
+            raise nats.errors.ConnectionClosedError
+        if not nc.is_connected:
+            raise nats.errors.ConnectionReconnectingError
+        return nc
+
+    async def _write(self, data: bytes) -> None:
+        """Hand ``data`` (whole frames) to the client's send buffer and flusher, as its ``publish`` does."""
+        nc = self.nc
+        await nc._send_command(data)
+        if nc._flush_queue is not None and nc._flush_queue.empty():
+            await nc._flush_pending()
 
     def _frame(
         self, subject: str, payload: bytes, headers: dict[str, str]
@@ -146,11 +156,7 @@ class AckMux:
         """The ``HPUB`` frame of one message and its registered ack future.
 
         :raises nats.errors.Error: closed, reconnecting or over ``max_payload`` (nothing registered)."""
-        nc = self.nc
-        if nc.is_closed:
-            raise nats.errors.ConnectionClosedError
-        if not nc.is_connected:  # reconnecting or draining: never add to the re-send buffer
-            raise nats.errors.ConnectionReconnectingError
+        nc = self._usable()
         hdr = header_block(headers)
         if len(hdr) + len(payload) > nc.max_payload:
             raise nats.errors.MaxPayloadError
