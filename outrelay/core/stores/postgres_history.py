@@ -89,8 +89,7 @@ class HistoryMixin(PostgresParts):
 
         def fn(cur: Cursor) -> int:
             cur.execute(
-                f"SELECT seq, stream FROM {n.events} e WHERE seq = ANY(%s) "
-                f"AND NOT EXISTS (SELECT 1 FROM {n.unrouted} u WHERE u.seq = e.seq) ORDER BY seq",
+                f"SELECT seq, stream FROM {n.events} e WHERE seq = ANY(%s) AND {n.routed('e.seq')} ORDER BY seq",
                 (list(sequences),),
             )
             rows = cur.fetchall()
@@ -164,7 +163,7 @@ class HistoryMixin(PostgresParts):
             return 0
         sql = (
             f"DELETE FROM {n.events} WHERE seq IN (SELECT seq FROM {n.events} e "
-            f"WHERE NOT EXISTS (SELECT 1 FROM {n.unrouted} u WHERE u.seq = e.seq) AND ({' OR '.join(conds)}) "
+            f"WHERE {n.routed('e.seq')} AND ({' OR '.join(conds)}) "
             f"AND NOT EXISTS (SELECT 1 FROM {n.deliveries} d WHERE d.event_seq = e.seq) "
             f"AND NOT EXISTS (SELECT 1 FROM {n.dead_letters} dl WHERE dl.event_seq = e.seq) "
             "ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED)"

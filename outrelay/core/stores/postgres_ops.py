@@ -211,10 +211,7 @@ class OperatorMixin(PostgresParts):
         n = self.n
 
         def fn(cur: Cursor) -> int:
-            # routed: off the routing queue
-            where = f"seq > %s AND NOT EXISTS (SELECT 1 FROM {n.unrouted} u WHERE u.seq = {n.events}.seq)" + (
-                " AND stream = %s" if stream is not None else ""
-            )
+            where = f"seq > %s AND {n.routed(f'{n.events}.seq')}" + (" AND stream = %s" if stream is not None else "")
             args: list[Any] = [after] + ([stream] if stream is not None else [])
             cur.execute(f"SELECT DISTINCT stream FROM {n.events} WHERE {where} ORDER BY stream", args)
             self._lock_lanes(cur, {(destination, r[0]) for r in cur.fetchall()})

@@ -194,6 +194,11 @@ class Names:
     def fill(self, stmt: str) -> str:
         return stmt.replace("{schema}", self.schema).replace("{p}", self.prefix)
 
+    def routed(self, seq: str) -> str:
+        """SQL true when the event whose sequence is the column ``seq`` is routed: it is
+        off the routing queue (schema version 4 on)."""
+        return f"NOT EXISTS (SELECT 1 FROM {self.unrouted} u WHERE u.seq = {seq})"
+
 
 def _bootstrap(n: Names) -> list[str]:
     return [
