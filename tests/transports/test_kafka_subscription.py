@@ -500,8 +500,7 @@ class TestPartitionTrack:
         from outrelay.transports.kafka._offsets import PartitionTrack
 
         track = PartitionTrack()
-        for offset in (10, 11, 12, 14):  # 13: a gap in the log (compaction, a transaction marker)
-            track.hand(offset)
+        track.hand_all([10, 11, 12, 14])  # 13: a gap in the log (compaction, a transaction marker)
         assert track.ack(11) and track.commit_to is None and track.outstanding == 3
         assert track.ack(14) and track.commit_to is None
         assert track.ack(10) and track.commit_to == 12
@@ -509,5 +508,5 @@ class TestPartitionTrack:
         assert track.ack(12) and track.commit_to == 15 and track.outstanding == 0 and track.dirty
         track.committed = 15
         track.live = False
-        track.hand(15)
+        track.hand_all([15])
         assert not track.ack(15) and not track.dirty  # revoked: late acks are ignored

@@ -32,12 +32,9 @@ class PartitionTrack:
         #: False once the partition was revoked or the member stopped: late acks are ignored
         self.live = True
 
-    def hand(self, offset: int) -> None:
-        """Record that the record at ``offset`` was handed out (offsets arrive in increasing order)."""
-        self._pending.append(offset)
-
     def hand_all(self, offsets: Iterable[int]) -> None:
-        """:meth:`hand` each of ``offsets`` (a fetched batch, in increasing order)."""
+        """Record that the records at ``offsets`` were handed out (a fetched batch; offsets
+        arrive in increasing order, within and across calls)."""
         self._pending.extend(offsets)
 
     def ack(self, offset: int) -> bool:
