@@ -156,12 +156,14 @@ class TestSQSTransport:
         with pytest.raises(ValueError, match="FIFO"):
             SQSConfig(queue_url="https://sqs.example/1/q.fifo", delay_seconds=5)
         q = make_queue(moto_endpoint)
-        t = transport(moto_endpoint, q, delay_seconds=1)
+        # 3 s, not 1: on a loaded machine starting the reader (a boto3 client) took most of a 1 s delay,
+        # so the message was already visible when the first read ran (a CI failure, not an SQS one)
+        t = transport(moto_endpoint, q, delay_seconds=3)
         await t.open()
         assert await t.send(msgs(t, [Event(type="t", stream="s")])) == [Delivered()]
         async with t.reader(q) as reader:
             assert await reader.read(1, 0.3) == []
-            assert len(await reader.read(1, 5)) == 1
+            assert len(await reader.read(1, 8)) == 1
         await t.close()
 
     async def test_lifecycle(self, moto_endpoint: str) -> None:
