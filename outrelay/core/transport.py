@@ -47,8 +47,10 @@ uses it (contract: :mod:`outrelay.core.subscription`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -73,7 +75,9 @@ __all__ = [
     "Transport",
     "TransportConfig",
     "hold_after_failures",
+    "send_chained",
     "send_in_key_order",
+    "send_in_waves",
     "send_pipelined",
 ]
 
@@ -344,7 +348,7 @@ async def send_pipelined(
     return hold_after_failures(batch, out, destination=destination, log=log, fix=fix)
 
 
-async def send_in_waves(
+async def send_chained(
     batch: Sequence[Message],
     start: Callable[[Message], Awaitable[asyncio.Future[Any] | SendResult]],
     outcome: Callable[[Message, asyncio.Future[Any]], SendResult],
@@ -359,37 +363,93 @@ async def send_in_waves(
     The same order guarantee as :func:`send_in_key_order` — a key's next
     message is written only once the previous one is :class:`Delivered`,
     and after a failure the key's later messages are reported RetryLater
-    without being sent — at the cost of :func:`send_pipelined`: wave *n*
-    writes the *n*-th message of every key still going, with ``start`` (as
-    for :func:`send_pipelined`: all of a wave is written before any outcome
-    is awaited, no task per message; ``flush`` as there, once per wave), then
-    awaits their outcomes together (at most ``timeout`` seconds per wave). A
-    wave waits for its slowest outcome, which on one ordered connection is
-    close to its last.
+    without being sent — at close to the cost of :func:`send_pipelined`:
+    no task or coroutine per message or key. The first message of every key
+    is written at once (``start`` as for :func:`send_pipelined`); then, each
+    time outcomes arrive, the next message of each key just confirmed is
+    written, so every key keeps one message in flight and no key waits for
+    another's outcome. With ``flush`` (as there), ``start`` may only stage
+    and ``flush()`` writes what was staged, once per round of starts. Each
+    outcome is awaited at most ``timeout`` seconds after its message was
+    started; then its future is cancelled and ``outcome`` maps it.
+    ``destination`` and ``log`` are accepted for symmetry with
+    :func:`send_pipelined` (one message per key in flight cannot break order,
+    so there is nothing to warn about).
     """
+    del destination, log
     lanes: dict[str, list[int]] = {}
     for i, m in enumerate(batch):
         lanes.setdefault(m.key, []).append(i)
     results: list[SendResult | None] = [None] * len(batch)
-    going = list(lanes.values())
-    depth = 0
-    while going:
-        wave = [batch[ix[depth]] for ix in going]
-        outcomes = await send_pipelined(
-            wave, start, outcome, timeout=timeout, destination=destination, log=log, fix="(one key per wave)",
-            flush=flush,
-        )  # fmt: skip
-        still: list[list[int]] = []
-        for ix, r in zip(going, outcomes, strict=True):
-            results[ix[depth]] = r
+    loop = asyncio.get_running_loop()
+    arrived: list[tuple[list[int], int, asyncio.Future[Any]]] = []
+    wake: list[asyncio.Future[None]] = []  # the driver's, while it waits for an outcome
+
+    def arrive(lane: list[int], n: int, future: asyncio.Future[Any]) -> None:
+        arrived.append((lane, n, future))
+        if wake and not wake[0].done():
+            wake[0].set_result(None)
+
+    def halt(lane: list[int], n: int) -> None:
+        for j in lane[n + 1 :]:
+            results[j] = RetryLater(f"not sent: an earlier event of stream {batch[j].key!r} failed")
+
+    due = [(lane, 0) for lane in lanes.values()]  # the next message of each key to start
+    deadlines: collections.deque[tuple[float, asyncio.Future[Any]]] = collections.deque()  # in start order
+    waiting = 0
+    while True:
+        for lane, n in due:
+            i = lane[n]
+            begun = await start(batch[i])
+            if not isinstance(begun, asyncio.Future):  # a result: it was not written
+                results[i] = begun
+                halt(lane, n)
+                continue
+            waiting += 1
+            begun.add_done_callback(functools.partial(arrive, lane, n))
+            if timeout is not None:
+                deadlines.append((loop.time() + timeout, begun))
+        if due and flush is not None:
+            with contextlib.suppress(Exception):  # the staged futures carry the failure
+                await flush()
+        due = []
+        if not waiting:
+            break
+        if not arrived:
+            while deadlines and deadlines[0][1].done():
+                deadlines.popleft()
+            woken: asyncio.Future[None] = loop.create_future()
+            wake[:] = [woken]
+            timer = loop.call_at(deadlines[0][0], _resolve, woken) if deadlines else None
+            try:
+                await woken
+            finally:
+                wake.clear()
+                if timer is not None:
+                    timer.cancel()
+            now = loop.time()
+            while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
+                _, late = deadlines.popleft()
+                late.cancel()  # its outcome arrives (cancelled) like any other
+        for lane, n, future in arrived:
+            waiting -= 1
+            i = lane[n]
+            results[i] = r = outcome(batch[i], future)
             if not isinstance(r, Delivered):
-                for j in ix[depth + 1 :]:
-                    results[j] = RetryLater(f"not sent: an earlier event of stream {batch[j].key!r} failed")
-            elif len(ix) > depth + 1:
-                still.append(ix)
-        going = still
-        depth += 1
+                halt(lane, n)
+            elif n + 1 < len(lane):
+                due.append((lane, n + 1))
+        arrived.clear()
     return [r if r is not None else RetryLater("not sent") for r in results]
+
+
+#: the name :func:`send_chained` had while it sent in waves (the n-th message of every key together)
+send_in_waves = send_chained
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 @contextlib.contextmanager

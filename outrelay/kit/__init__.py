@@ -20,8 +20,8 @@ Everything a third-party transport needs, and nothing it should not touch::
   (binary mode under a protocol prefix, ``""`` for none), :func:`attributes` /
   :func:`from_attributes`, :func:`to_structured` / :func:`from_structured`
   (JSON structured mode, :data:`STRUCTURED_CONTENT_TYPE`);
-* ordering helpers — :func:`send_in_key_order`, :func:`send_in_waves`, :func:`send_pipelined`,
-  :func:`hold_after_failures` (keep ``ordered_batches`` honest);
+* ordering helpers — :func:`send_in_key_order`, :func:`send_chained` (also under its former
+  name ``send_in_waves``), :func:`send_pipelined`, :func:`hold_after_failures` (keep ``ordered_batches`` honest);
 * :data:`hookimpl` and :class:`Registry` for the ``outrelay_add_transports`` hook.
 
 Names are re-exported from their implementation modules; ``__all__`` is the
@@ -62,6 +62,7 @@ from outrelay.core.transport import (
     Transport,
     TransportConfig,
     hold_after_failures,
+    send_chained,
     send_in_key_order,
     send_in_waves,
     send_pipelined,
@@ -106,6 +107,7 @@ __all__ = [
     "hookimpl",
     "is_json_content_type",
     "redact",
+    "send_chained",
     "send_in_key_order",
     "send_in_waves",
     "send_pipelined",

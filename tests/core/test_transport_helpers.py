@@ -11,6 +11,7 @@ from outrelay import Delivered, Event, Message, Rejected, RetryLater
 from outrelay.core.transport import (
     SendResult,
     hold_after_failures,
+    send_chained,
     send_in_key_order,
     send_in_waves,
     send_pipelined,
@@ -167,3 +168,35 @@ async def test_flush_writes_what_start_staged_before_any_outcome_is_awaited(wave
     else:
         results = await send_pipelined(batch, start, outcome, fix="-", **kwargs)  # type: ignore[arg-type]
         assert flushes == [3] and results == [Delivered()] * 3
+
+
+async def test_send_chained_writes_a_keys_next_message_without_waiting_for_other_keys() -> None:
+    """No key waits for another: while a's first outcome is still out, b's messages go one after
+    another as each is confirmed; a's outcome is awaited ``timeout`` after a's message was
+    started, then cancelled (RetryLater through ``outcome``) and a's later message never written."""
+    batch = _batch("a", "a", "b", "b", "b")
+    loop = asyncio.get_running_loop()
+    written: list[int] = []
+    index = {m.event.id: i for i, m in enumerate(batch)}
+    slow: list[asyncio.Future[str]] = []
+
+    async def start(m: Message) -> asyncio.Future[str] | SendResult:
+        i = index[m.event.id]
+        written.append(i)
+        f: asyncio.Future[str] = loop.create_future()
+        if i == 0:
+            slow.append(f)  # never answered: times out
+        else:
+            loop.call_later(0.01, f.set_result, "ok")
+        return f
+
+    def outcome(m: Message, f: asyncio.Future[str]) -> SendResult:
+        return RetryLater("no answer") if f.cancelled() else Delivered()
+
+    began = loop.time()
+    results = await send_chained(batch, start, outcome, timeout=0.3, destination="d", log=log)
+    assert 0.3 <= loop.time() - began < 1.0
+    assert written == [0, 2, 3, 4]  # b's three went while a's first was pending
+    assert results[0] == RetryLater("no answer") and slow[0].cancelled()
+    assert isinstance(results[1], RetryLater) and "not sent" in results[1].error
+    assert results[2:] == [Delivered()] * 3

@@ -42,9 +42,10 @@ them. ``pipeline = "auto"`` (the default) therefore pipelines only where that
 cannot happen — a stream that is neither replicated nor ``discard=new``, or
 one the order guard protects — and elsewhere waits for each ack before
 publishing a stream's next message (``pipeline = false``: streams still go in
-parallel, one unacked message each, so even that case cannot reorder; the
-next message of every stream is written as one pipelined wave whose acks
-are awaited together, :func:`~outrelay.core.transport.send_in_waves`). When
+parallel, one unacked message each, so even that case cannot reorder; a
+stream's next message is written as soon as its previous one is acked,
+with whatever other streams' messages are due in the same write,
+:func:`~outrelay.core.transport.send_chained`). When
 the stream is unknown at open (a templated subject, no ``expected_stream``)
 ``auto`` pipelines. The order guard (``order_guard``,
 :mod:`~outrelay.transports.nats._chain`; experimental, off by default, and
@@ -89,7 +90,7 @@ from outrelay.core.transport import (
     RetryLater,
     SendResult,
     Transport,
-    send_in_waves,
+    send_chained,
     send_pipelined,
 )
 from outrelay.transports.nats._acks import AckMux
@@ -282,7 +283,7 @@ class NatsTransport(Transport):
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         acks = await self._ready()
-        # without the order guard a batch (or wave) is staged and written as one command; a guarded
+        # without the order guard a batch (or a round of send_chained) is staged and written as one command; a guarded
         # message is written as it is linked into its chain (see _write)
         flush = acks.flush if self._chain is None else None
 
@@ -300,7 +301,7 @@ class NatsTransport(Transport):
         timeout = self.cfg.ack_timeout
         if not self._pipelined:
             # one message in flight per stream: a later one never overtakes a lost or refused one
-            return await send_in_waves(
+            return await send_chained(
                 batch, start, self._ack_outcome, timeout=timeout, destination=self.destination, log=log, flush=flush
             )
         # publish in batch order without waiting, then collect every ack (see the module docstring)

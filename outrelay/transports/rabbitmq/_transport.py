@@ -64,7 +64,7 @@ from outrelay.core.transport import (
     RetryLater,
     SendResult,
     Transport,
-    send_in_waves,
+    send_chained,
     send_pipelined,
 )
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, bad_names, split_target, subscription_target
@@ -210,7 +210,7 @@ class RabbitMQTransport(Transport):
         except VENDOR_ERRORS as exc:
             return [result_for(exc, self._secrets, m.target) for m in batch]
         # messages are staged (encoded, with a confirm future each) and written together: one write per
-        # batch or wave instead of aiormq's basic_publish per message (see _publish.py)
+        # batch (or per round of send_chained) instead of aiormq's basic_publish per message (see _publish.py)
         staged = Staged(wire, mandatory=self.cfg.mandatory)
 
         async def start(m: Message) -> asyncio.Future[Any] | SendResult:
@@ -230,7 +230,7 @@ class RabbitMQTransport(Transport):
         timeout = self.cfg.confirm_timeout
         if not self.cfg.pipeline:
             # one message in flight per stream: a later one never overtakes a lost or refused one
-            return await send_in_waves(
+            return await send_chained(
                 batch, start, self._confirm_outcome, timeout=timeout, destination=self.destination, log=log,
                 flush=staged.write,
             )  # fmt: skip
