@@ -384,11 +384,21 @@ async def send_chained(
     loop = asyncio.get_running_loop()
     arrived: list[tuple[list[int], int, asyncio.Future[Any]]] = []
     wake: list[asyncio.Future[None]] = []  # the driver's, while it waits for an outcome
+    #: one timer at a time, at the earliest deadline when it was set: it may ring early (that
+    #: message's outcome came meanwhile), and then it is set again; never one per round
+    timer: list[asyncio.TimerHandle] = []
+
+    def rouse() -> None:
+        if wake and not wake[0].done():
+            wake[0].set_result(None)
 
     def arrive(lane: list[int], n: int, future: asyncio.Future[Any]) -> None:
         arrived.append((lane, n, future))
-        if wake and not wake[0].done():
-            wake[0].set_result(None)
+        rouse()
+
+    def ring() -> None:
+        timer.clear()
+        rouse()
 
     def halt(lane: list[int], n: int) -> None:
         for j in lane[n + 1 :]:
@@ -397,59 +407,57 @@ async def send_chained(
     due = [(lane, 0) for lane in lanes.values()]  # the next message of each key to start
     deadlines: collections.deque[tuple[float, asyncio.Future[Any]]] = collections.deque()  # in start order
     waiting = 0
-    while True:
-        for lane, n in due:
-            i = lane[n]
-            begun = await start(batch[i])
-            if not isinstance(begun, asyncio.Future):  # a result: it was not written
-                results[i] = begun
-                halt(lane, n)
-                continue
-            waiting += 1
-            begun.add_done_callback(functools.partial(arrive, lane, n))
-            if timeout is not None:
-                deadlines.append((loop.time() + timeout, begun))
-        if due and flush is not None:
-            with contextlib.suppress(Exception):  # the staged futures carry the failure
-                await flush()
-        due = []
-        if not waiting:
-            break
-        if not arrived:
-            while deadlines and deadlines[0][1].done():
-                deadlines.popleft()
-            woken: asyncio.Future[None] = loop.create_future()
-            wake[:] = [woken]
-            timer = loop.call_at(deadlines[0][0], _resolve, woken) if deadlines else None
-            try:
-                await woken
-            finally:
-                wake.clear()
-                if timer is not None:
-                    timer.cancel()
-            now = loop.time()
-            while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
-                _, late = deadlines.popleft()
-                late.cancel()  # its outcome arrives (cancelled) like any other
-        for lane, n, future in arrived:
-            waiting -= 1
-            i = lane[n]
-            results[i] = r = outcome(batch[i], future)
-            if not isinstance(r, Delivered):
-                halt(lane, n)
-            elif n + 1 < len(lane):
-                due.append((lane, n + 1))
-        arrived.clear()
+    try:
+        while True:
+            for lane, n in due:
+                i = lane[n]
+                begun = await start(batch[i])
+                if not isinstance(begun, asyncio.Future):  # a result: it was not written
+                    results[i] = begun
+                    halt(lane, n)
+                    continue
+                waiting += 1
+                begun.add_done_callback(functools.partial(arrive, lane, n))
+                if timeout is not None:
+                    deadlines.append((loop.time() + timeout, begun))
+            if due and flush is not None:
+                with contextlib.suppress(Exception):  # the staged futures carry the failure
+                    await flush()
+            due = []
+            if not waiting:
+                break
+            if not arrived:
+                while deadlines and deadlines[0][1].done():
+                    deadlines.popleft()
+                if deadlines and not timer:
+                    timer.append(loop.call_at(deadlines[0][0], ring))
+                woken: asyncio.Future[None] = loop.create_future()
+                wake[:] = [woken]
+                try:
+                    await woken
+                finally:
+                    wake.clear()
+                now = loop.time()
+                while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
+                    _, late = deadlines.popleft()
+                    late.cancel()  # its outcome arrives (cancelled) like any other
+            for lane, n, future in arrived:
+                waiting -= 1
+                i = lane[n]
+                results[i] = r = outcome(batch[i], future)
+                if not isinstance(r, Delivered):
+                    halt(lane, n)
+                elif n + 1 < len(lane):
+                    due.append((lane, n + 1))
+            arrived.clear()
+    finally:
+        for handle in timer:
+            handle.cancel()
     return [r if r is not None else RetryLater("not sent") for r in results]
 
 
 #: the name :func:`send_chained` had while it sent in waves (the n-th message of every key together)
 send_in_waves = send_chained
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 @contextlib.contextmanager
