@@ -200,3 +200,28 @@ async def test_send_chained_writes_a_keys_next_message_without_waiting_for_other
     assert results[0] == RetryLater("no answer") and slow[0].cancelled()
     assert isinstance(results[1], RetryLater) and "not sent" in results[1].error
     assert results[2:] == [Delivered()] * 3
+
+
+async def test_send_chained_times_out_a_later_message_after_the_first_deadline_was_answered() -> None:
+    """The deadline timer is first set for a message that is then answered; a later message
+    that never is still times out ``timeout`` after it was started, not earlier, not never."""
+    batch = _batch("a", "a")
+    loop = asyncio.get_running_loop()
+    started_at: list[float] = []
+
+    async def start(m: Message) -> asyncio.Future[str] | SendResult:
+        started_at.append(loop.time())
+        f: asyncio.Future[str] = loop.create_future()
+        if m is batch[0]:
+            loop.call_later(0.1, f.set_result, "ok")  # answered well within its deadline
+        return f
+
+    def outcome(m: Message, f: asyncio.Future[str]) -> SendResult:
+        return RetryLater("no answer") if f.cancelled() else Delivered()
+
+    results = await asyncio.wait_for(
+        send_chained(batch, start, outcome, timeout=0.3, destination="d", log=log), timeout=3
+    )
+    waited = loop.time() - started_at[1]
+    assert results == [Delivered(), RetryLater("no answer")]
+    assert 0.29 <= waited < 0.6
