@@ -10,7 +10,7 @@ timed before and after the relay, see ``_ratio.py``) and for the relay with
 each ``--pipeline`` value given (default: ``auto``, which on an R3 stream
 without the order guard means one unacked message per stream; ``true``
 pipelines unguarded, which can break order in a leader change) and
-``--guard`` (``order_guard``; on nats-server < 2.10.19 anything but ``off``
+``--guard`` (``order_guard``; on a replicated stream anything but ``off``
 with ``last-msg-id`` is refused at open).
 """
 

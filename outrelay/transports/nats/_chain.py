@@ -33,10 +33,13 @@ between replicas across a leader takeover, and a replica then skipped
 messages it should have stored (nats-io/nats-server#4365; more fixes of the
 same count up to 2.10.19, #5821). Our cluster test on 2.9.10 lost confirmed
 messages only with the guard on (13,700 of 20,000 stored in one run; rare),
-which matches that defect (not caught in the act).
-So the guard is allowed on a replicated stream only from
-:data:`GUARD_SAFE_SINCE` on (refused at open before; ``auto`` stays off), and
-``pipeline = "auto"`` falls back to one message in flight per stream there.
+which matches that defect (not caught in the act). Those fixes did not make
+it usable: on nats-server 2.14.0 an R3 file stream that refused one message
+with 10070 acknowledged nothing more — neither a correctly chained message
+nor one without any expected header, seconds later (an R1 stream of the
+same server went on normally). So the guard is refused at open on every
+replicated stream, ``auto`` leaves it off there, and ``pipeline = "auto"``
+falls back to one message in flight per stream.
 
 Why not ``Nats-Expected-Last-Subject-Sequence``: nats-server 2.9 checks it,
 in a cluster, *before* proposing, against what the leader has applied, so a
@@ -51,11 +54,9 @@ import re
 
 from nats.aio.client import Client
 
-__all__ = ["GUARD_SAFE_SINCE", "WRONG_LAST_MSG_ID", "Chain", "server_last_id", "server_version"]
+__all__ = ["WRONG_LAST_MSG_ID", "Chain", "server_last_id", "server_version"]
 
 WRONG_LAST_MSG_ID = 10070  # JSStreamWrongLastMsgIDErrF
-#: the first nats-server whose replicated streams keep apply-time refusals in step (see above)
-GUARD_SAFE_SINCE = (2, 10, 19)
 _LAST_ID = re.compile(r"wrong last msg ID: ?(.*)$", re.IGNORECASE | re.DOTALL)
 
 
@@ -67,8 +68,7 @@ def server_last_id(description: str | None) -> str | None:
 
 
 def server_version(nc: Client) -> tuple[int, int, int]:
-    """``(major, minor, patch)`` of the server ``nc`` is connected to; ``(0, 0, 0)`` when unknown
-    (an unknown version counts as too old for the guard)."""
+    """``(major, minor, patch)`` of the server ``nc`` is connected to; ``(0, 0, 0)`` when unknown."""
     try:
         v = nc.connected_server_version
         return (v.major, v.minor, v.patch)

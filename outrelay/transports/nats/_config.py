@@ -75,11 +75,11 @@ class NatsConfig(TransportConfig):
         "off",
         description="EXPERIMENTAL, off by default: chain every message to the previous one with "
         "Nats-Expected-Last-Msg-Id so the server stores nothing past a lost or refused message (pipelined "
-        "order through stream leader changes and discard=new refusals); auto: on when pipelining into a known "
-        "stream (expected_stream, create_stream or a static subject) that is replicated or discards new "
-        "messages, and the server is nats-server 2.10.19 or newer; needs this destination to be the stream's only "
-        "publisher. Refused at open on a replicated stream of an older server, whose replicas can drop messages "
-        "after the refusals the guard causes (docs/clusters.md)",
+        "order through discard=new refusals); auto: on when pipelining into a known stream (expected_stream, "
+        "create_stream or a static subject) that discards new messages and is not replicated; needs this "
+        "destination to be the stream's only publisher. Refused at open on a replicated stream: on nats-server 2.9 "
+        "its replicas can drop messages after the refusals the guard causes, and on 2.14 the stream acknowledged "
+        "nothing more after the first refusal (docs/clusters.md)",
     )
     connect_timeout: float = Field(2.0, gt=0, le=60)
     reconnect_time_wait: float = Field(0.5, ge=0, le=60)

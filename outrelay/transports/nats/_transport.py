@@ -49,8 +49,8 @@ with whatever other streams' messages are due in the same write,
 the stream is unknown at open (a templated subject, no ``expected_stream``)
 ``auto`` pipelines. The order guard (``order_guard``,
 :mod:`~outrelay.transports.nats._chain`; experimental, off by default, and
-refused on replicated streams of nats-server older than 2.10.19, whose
-replicas can drop messages after refusals) chains each message to the
+refused on replicated streams: on nats-server 2.9 their replicas can drop
+messages after refusals, on 2.14 a refusal stopped the stream's acks) chains each message to the
 previous one with ``Nats-Expected-Last-Msg-Id`` so the server refuses *k+1*
 when *k* was not stored (RetryLater, retried in order). ``pipeline = true``
 without the guard reports both outcomes as they are and logs the break in
@@ -94,7 +94,7 @@ from outrelay.core.transport import (
     send_pipelined,
 )
 from outrelay.transports.nats._acks import AckMux
-from outrelay.transports.nats._chain import GUARD_SAFE_SINCE, WRONG_LAST_MSG_ID, Chain, server_last_id, server_version
+from outrelay.transports.nats._chain import WRONG_LAST_MSG_ID, Chain, server_last_id, server_version
 from outrelay.transports.nats._config import NatsConfig, StreamSpec
 from outrelay.transports.nats._connect import connect, drop_unsent
 from outrelay.transports.nats._errors import (
@@ -221,11 +221,11 @@ class NatsTransport(Transport):
         """Learn the duplicate window of the stream we publish to, when it is knowable, and decide
         the order guard and pipelining (``order_guard``, ``pipeline``; a new chain on every open).
 
-        :raises PermanentError: ``order_guard = "last-msg-id"`` on a replicated stream of a server
-            older than :data:`GUARD_SAFE_SINCE` (see :mod:`._chain`: its replicas can drop messages).
+        :raises PermanentError: ``order_guard = "last-msg-id"`` on a replicated stream (see
+            :mod:`._chain`: no nats-server we tested guards one safely).
         """
         name = self.cfg.expected_stream or (self.cfg.create_stream.name if self.cfg.create_stream else None)
-        cfg, version = self.cfg, server_version(nc)
+        cfg, version = self.cfg, ".".join(map(str, server_version(nc)))
         guard, replicated, refuses = cfg.order_guard == "last-msg-id", False, False
         try:
             if name is None and self._template.is_static:
@@ -238,17 +238,16 @@ class NatsTransport(Transport):
         except (TimeoutError, nats.errors.Error) as exc:
             # not fatal: publishing reports a missing stream per message
             log.debug("destination %s: no stream info: %s", self.destination, classify(exc)[1])
-        safe = version >= GUARD_SAFE_SINCE
-        if guard and replicated and not safe:
+        if guard and replicated:
             raise PermanentError(
-                f'order_guard = "last-msg-id" on replicated stream {name!r} needs nats-server '
-                f"{'.'.join(map(str, GUARD_SAFE_SINCE))} or newer (this one is {'.'.join(map(str, version))}: its "
-                "replicas can drop messages after the refusals the guard causes); remove order_guard (pipeline = "
-                '"auto" keeps per-stream order on a cluster) or upgrade the server',
+                f'order_guard = "last-msg-id" is not supported on replicated stream {name!r} (nats-server {version}): '
+                "on 2.9 its replicas can drop messages after the refusals the guard causes, and on 2.14 the stream "
+                'acknowledged nothing more after the first refusal; remove order_guard (pipeline = "auto" keeps '
+                "per-stream order on a cluster)",
                 destination=self.destination,
             )
         if cfg.order_guard == "auto":
-            guard = cfg.pipeline is not False and (replicated or refuses) and (safe or not replicated)
+            guard = cfg.pipeline is not False and refuses and not replicated
         self._chain = Chain(name) if guard and name is not None else None
         # pipelined unless told not to, or unless a refused message could be overtaken unguarded
         self._pipelined = cfg.pipeline is True or (
