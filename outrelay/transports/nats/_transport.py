@@ -45,16 +45,16 @@ publishing a stream's next message (``pipeline = false``: streams still go in
 parallel, one unacked message each, so even that case cannot reorder; a
 stream's next message is written as soon as its previous one is acked,
 with whatever other streams' messages are due in the same write,
-:func:`~outrelay.core.transport.send_chained`). When
-the stream is unknown at open (a templated subject, no ``expected_stream``)
-``auto`` pipelines. The order guard (``order_guard``,
-:mod:`~outrelay.transports.nats._chain`; experimental, off by default, and
-refused on replicated streams: on nats-server 2.9 their replicas can drop
-messages after refusals, on 2.14 a refusal stopped the stream's acks) chains each message to the
-previous one with ``Nats-Expected-Last-Msg-Id`` so the server refuses *k+1*
-when *k* was not stored (RetryLater, retried in order). ``pipeline = true``
-without the guard reports both outcomes as they are and logs the break in
-order as a warning.
+:func:`~outrelay.core.transport.send_chained`). When the stream is unknown
+at open (a templated subject, no ``expected_stream``) ``auto`` pipelines.
+The order guard (``order_guard``, :mod:`~outrelay.transports.nats._chain`;
+experimental, off by default, and refused on replicated streams: on
+nats-server 2.9 their replicas can drop messages after refusals, on 2.14 a
+refusal stopped the stream's acks) chains each message to the previous one
+with ``Nats-Expected-Last-Msg-Id`` so the server refuses *k+1* when *k* was
+not stored (RetryLater, retried in order). ``pipeline = true`` without the
+guard reports both outcomes as they are and logs the break in order as a
+warning.
 
 No responders (no stream for the subject, JetStream not ready), timeouts and
 connection loss are retryable; the client reconnects by itself, and a
@@ -282,8 +282,8 @@ class NatsTransport(Transport):
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         acks = await self._ready()
-        # without the order guard a batch (or a round of send_chained) is staged and written as one command; a guarded
-        # message is written as it is linked into its chain (see _write)
+        # without the order guard a batch (or a round of send_chained) is staged and written as one
+        # command; a guarded message is written as it is linked into its chain (see _write)
         flush = acks.flush if self._chain is None else None
 
         async def start(m: Message) -> asyncio.Future[dict[str, Any]] | SendResult:

@@ -6,8 +6,9 @@ check, a countdown and an ``asyncio.timeout`` scope, a channel-close guard
 ``ContentHeader`` object, pamqp's frame marshalling through a ``BytesIO``,
 one put on the connection's write queue, and then the confirm. Measured on
 the relay's RabbitMQ path that was about half of its CPU per event, and the
-transport needs none of it per message: it sends a batch (with ``pipeline = false``, each round of
-messages due, one per stream) and then waits for their confirms.
+transport needs none of it per message: it sends a batch (with ``pipeline =
+false``, each round of messages due, one per stream) and then waits for
+their confirms.
 
 :class:`Staged` collects messages encoded straight to their AMQP frames
 (``Basic.Publish`` method frame, content header with the properties of
