@@ -267,6 +267,12 @@ class Transport(ABC):
         return f"<{type(self).__name__} destination={self.destination!r}>"
 
 
+def _not_sent(key: str) -> RetryLater:
+    """The result of a message held back, unsent, because an earlier one of its key failed
+    (:func:`hold_after_failures` recognises it by its ``"not sent"`` prefix)."""
+    return RetryLater(f"not sent: an earlier event of stream {key!r} failed")
+
+
 async def send_in_key_order(
     batch: Sequence[Message], publish: Callable[[Message], Awaitable[SendResult]]
 ) -> list[SendResult]:
@@ -288,7 +294,7 @@ async def send_in_key_order(
             results[i] = r = await publish(batch[i])
             if not isinstance(r, Delivered):
                 for j in indexes[n + 1 :]:
-                    results[j] = RetryLater(f"not sent: an earlier event of stream {batch[j].key!r} failed")
+                    results[j] = _not_sent(batch[j].key)
                 return
 
     await asyncio.gather(*(lane(ix) for ix in lanes.values()))
@@ -325,7 +331,7 @@ async def send_pipelined(
     halted: set[str] = set()
     for i, m in enumerate(batch):
         if m.key in halted:
-            results[i] = RetryLater(f"not sent: an earlier event of stream {m.key!r} failed")
+            results[i] = _not_sent(m.key)
             continue
         begun = await start(m)
         if not isinstance(begun, asyncio.Future):  # a result: it was not written
@@ -383,26 +389,27 @@ async def send_chained(
     results: list[SendResult | None] = [None] * len(batch)
     loop = asyncio.get_running_loop()
     arrived: list[tuple[list[int], int, asyncio.Future[Any]]] = []
-    wake: list[asyncio.Future[None]] = []  # the driver's, while it waits for an outcome
+    wake: asyncio.Future[None] | None = None  # the driver's, while it waits for an outcome
     #: one timer at a time, at the earliest deadline when it was set: it may ring early (that
     #: message's outcome came meanwhile), and then it is set again; never one per round
-    timer: list[asyncio.TimerHandle] = []
+    timer: asyncio.TimerHandle | None = None
 
     def rouse() -> None:
-        if wake and not wake[0].done():
-            wake[0].set_result(None)
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     def arrive(lane: list[int], n: int, future: asyncio.Future[Any]) -> None:
         arrived.append((lane, n, future))
         rouse()
 
     def ring() -> None:
-        timer.clear()
+        nonlocal timer
+        timer = None
         rouse()
 
     def halt(lane: list[int], n: int) -> None:
         for j in lane[n + 1 :]:
-            results[j] = RetryLater(f"not sent: an earlier event of stream {batch[j].key!r} failed")
+            results[j] = _not_sent(batch[j].key)
 
     due = [(lane, 0) for lane in lanes.values()]  # the next message of each key to start
     deadlines: collections.deque[tuple[float, asyncio.Future[Any]]] = collections.deque()  # in start order
@@ -429,14 +436,14 @@ async def send_chained(
             if not arrived:
                 while deadlines and deadlines[0][1].done():
                     deadlines.popleft()
-                if deadlines and not timer:
-                    timer.append(loop.call_at(deadlines[0][0], ring))
+                if deadlines and timer is None:
+                    timer = loop.call_at(deadlines[0][0], ring)
                 woken: asyncio.Future[None] = loop.create_future()
-                wake[:] = [woken]
+                wake = woken
                 try:
                     await woken
                 finally:
-                    wake.clear()
+                    wake = None
                 now = loop.time()
                 while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
                     _, late = deadlines.popleft()
@@ -451,8 +458,8 @@ async def send_chained(
                     due.append((lane, n + 1))
             arrived.clear()
     finally:
-        for handle in timer:
-            handle.cancel()
+        if timer is not None:
+            timer.cancel()
     return [r if r is not None else RetryLater("not sent") for r in results]
 
 

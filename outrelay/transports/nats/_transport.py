@@ -225,7 +225,7 @@ class NatsTransport(Transport):
             :mod:`._chain`: no nats-server we tested guards one safely).
         """
         name = self.cfg.expected_stream or (self.cfg.create_stream.name if self.cfg.create_stream else None)
-        cfg, version = self.cfg, ".".join(map(str, server_version(nc)))
+        cfg = self.cfg
         guard, replicated, refuses = cfg.order_guard == "last-msg-id", False, False
         try:
             if name is None and self._template.is_static:
@@ -239,6 +239,7 @@ class NatsTransport(Transport):
             # not fatal: publishing reports a missing stream per message
             log.debug("destination %s: no stream info: %s", self.destination, classify(exc)[1])
         if guard and replicated:
+            version = ".".join(map(str, server_version(nc)))
             raise PermanentError(
                 f'order_guard = "last-msg-id" is not supported on replicated stream {name!r} (nats-server {version}): '
                 "on 2.9 its replicas can drop messages after the refusals the guard causes, and on 2.14 the stream "
