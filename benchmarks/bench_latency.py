@@ -10,8 +10,8 @@ deleted afterwards). This process appends one event per transaction at
 ``--rate`` events/s (0: as fast as one appender goes) and records the time
 each ``append`` returned (the commit); a thread reads the key back with
 ``XREAD BLOCK`` and records each arrival. Prints p50/p90/p99/max of arrival -
-commit, then the relay's CPU seconds over ``--idle`` seconds with nothing to do
-(from /proc/PID/stat).
+commit and the relay's CPU per event while it relayed them, then its CPU
+seconds over ``--idle`` seconds with nothing to do (from /proc/PID/stat).
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def main() -> None:
             want = int(args.rate * args.seconds) if args.rate else 10**9
             th = threading.Thread(target=reader, args=(client, key, arrivals, want, stop), daemon=True)
             th.start()
+            cpu_before = cpu_seconds(proc.pid)
             started = time.monotonic()
             n = 0
             while time.monotonic() - started < args.seconds and n < want:
@@ -105,6 +106,7 @@ def main() -> None:
                 time.sleep(0.05)
             stop.set()
             th.join()
+            relay_cpu = cpu_seconds(proc.pid) - cpu_before
             lat = [(arrivals[i] - t) * 1000 for i, t in commits.items() if i in arrivals]
             kind = "postgresql" if url.startswith("postgresql") else "sqlite"
             print(f"{kind}: appended {n} at {n / elapsed:.0f} ev/s; arrived {len(lat)}")
@@ -113,6 +115,7 @@ def main() -> None:
                     f"{kind}: commit->redis latency ms: p50 {statistics.median(lat):.2f}  "
                     f"p90 {percentile(lat, 0.90):.2f}  p99 {percentile(lat, 0.99):.2f}  max {max(lat):.2f}"
                 )
+                print(f"{kind}: relay CPU {relay_cpu:.2f} s while busy, {relay_cpu / len(lat) * 1e6:.0f} µs per event")
             if args.idle:
                 time.sleep(1.0)
                 before = cpu_seconds(proc.pid)

@@ -53,6 +53,8 @@ class DestinationWorker:
         self.max_per_lane = config.per_stream if caps.ordered_batches else 1
         self.per_lane = self.max_per_lane
         self.wake = asyncio.Event()
+        #: waiting for work (a claim found nothing): the relay wakes it to route new appends
+        self.idle = False
         self.inflight: set[asyncio.Task[None]] = set()
         self.slots = asyncio.Semaphore(config.max_in_flight)
         self.opened = False
@@ -133,17 +135,26 @@ class DestinationWorker:
             self.slots.release()
             return
         claim_started = time.time()
+        combined = relay.route_and_claim
+        route = combined is not None and relay.take_routing()
+        claim = {
+            "limit": self.batch_size, "per_lane": self.per_lane, "owner": relay.owner,
+            "lease_seconds": relay.config.relay.lease_seconds, "now": claim_started, "max_bytes": room,
+        }  # fmt: skip
         try:
-            claimed = await relay.db(
-                relay.store.claim,
-                self.name,
-                limit=self.batch_size,
-                per_lane=self.per_lane,
-                owner=relay.owner,
-                lease_seconds=relay.config.relay.lease_seconds,
-                now=time.time(),
-                max_bytes=room,
-            )
+            if combined is not None and route:
+                try:
+                    routed, claimed = await relay.db(
+                        combined, relay.router, relay.config.relay.route_batch, self.name, **claim
+                    )
+                except BaseException:
+                    relay.wake()  # routed nothing: the appends wait for the next routing again
+                    raise
+                finally:
+                    relay.routing_done()
+                relay.routed(routed, claim_started)
+            else:
+                claimed = await relay.db(relay.store.claim, self.name, **claim)
         except BaseException:
             self.slots.release()
             raise
@@ -194,7 +205,13 @@ class DestinationWorker:
         next_due = await self.relay.db(self.relay.store.next_due, self.name)
         poll = self.relay.config.relay.poll_interval
         timeout = poll if next_due is None else min(poll, max(0.001, next_due - time.time()))
-        await self._sleep(timeout)
+        if self.relay.routing_waits:  # appends came in meanwhile: the next claim routes them
+            return
+        self.idle = True
+        try:
+            await self._sleep(timeout)
+        finally:
+            self.idle = False
 
     async def drain_inflight(self, grace: float, bound: float) -> None:
         """Wait up to ``grace`` seconds for in-flight batches, then cancel them

@@ -46,7 +46,7 @@ from outrelay.core.errors import ConfigError, StoreError, UsageError
 from outrelay.core.outbox import Outbox
 from outrelay.core.registry import Registry
 from outrelay.core.routing import Router
-from outrelay.core.stores.base import DestinationStatus
+from outrelay.core.stores.base import Claimed, DestinationStatus
 from outrelay.core.transport import Transport
 
 __all__ = ["Relay", "RunSummary", "build_transports"]
@@ -140,6 +140,12 @@ class Relay:
         self.stopping = False
         self._running = False
         self._route_wake: asyncio.Event | None = None
+        #: set by run(): the store's route-then-claim in one transaction (PostgreSQL without the audit
+        #: chain), which destinations use to route new appends; None: the router routes them
+        self.route_and_claim: Callable[..., tuple[int, list[Claimed]]] | None = None
+        self._unrouted = False  # appends committed since the last routing began (route_and_claim only)
+        self._routing = 0  # routings in progress in this relay (route_and_claim only; at most one)
+        self._handoff: asyncio.TimerHandle | None = None
         self._fast_poll_until = 0.0
         self._route_busy = False
         self._executor = ThreadPoolExecutor(max_workers=self.store.max_workers, thread_name_prefix="outrelay-store")
@@ -172,8 +178,73 @@ class Relay:
             return
         if pending_commit:
             self._fast_poll_until = time.monotonic() + 2.0
-        if self._route_wake is not None:
-            loop.call_soon_threadsafe(self._route_wake.set)
+            if self._route_wake is not None:
+                loop.call_soon_threadsafe(self._route_wake.set)
+        else:
+            loop.call_soon_threadsafe(self._appended)
+
+    def _appended(self) -> None:
+        """In the loop: committed appends are waiting. Where the store routes and claims in one
+        transaction, the next destination to claim routes them in its claim (one hop less between
+        commit and send): an idle one is woken for it. Should none claim within ``_HANDOFF``
+        seconds (every destination paused, or stuck on a slow send), the router routes them."""
+        if self.route_and_claim is None:
+            if self._route_wake is not None:
+                self._route_wake.set()
+            return
+        self._unrouted = True
+        self._wake_idle()
+        if self._handoff is None and self._loop is not None:
+            self._handoff = self._loop.call_later(_HANDOFF, self._handoff_expired)
+
+    def _wake_idle(self) -> None:
+        if self._routing:  # whoever routes now takes the new appends next (see take_routing)
+            return
+        for w in self.workers.values():
+            if w.idle:
+                w.wake.set()
+                return
+
+    def _handoff_expired(self) -> None:
+        self._handoff = None
+        if self._unrouted and self._route_wake is not None:
+            self._route_wake.set()
+
+    def take_routing(self) -> bool:
+        """For a destination about to claim: True when it should route first (appends are waiting);
+        the caller then calls :meth:`routing_done` once its claim returned or failed.
+
+        At most one routing runs in this relay at a time: PostgreSQL serialises routing with a lock
+        that the others would fail to take and then skip, while the one holding it may already have
+        passed the newest appends; so they wait for it and it routes them next."""
+        if not self._unrouted or self._routing:
+            return False
+        self._unrouted = False
+        self._routing += 1
+        return True
+
+    def routing_done(self) -> None:
+        """The routing :meth:`take_routing` (or the router) began has ended; appends that came
+        in meanwhile go to the next claim (an idle destination is woken for it)."""
+        self._routing -= 1
+        if self._unrouted:
+            self._wake_idle()
+
+    @property
+    def routing_waits(self) -> bool:
+        """Committed appends wait for a claim that routes them (a destination should not go to sleep)."""
+        return self._unrouted and not self._routing
+
+    def routed(self, count: int, started: float) -> None:
+        """``count`` events were routed (by the router or by a destination's claim): report them and
+        wake the destinations; a full batch (``route_batch``) may have left more for the router."""
+        if not count:
+            return
+        self.hook.outrelay_routed(count=count, started=started, finished=time.time())
+        for w in self.workers.values():
+            w.wake.set()
+        if count >= self.config.relay.route_batch and self._route_wake is not None:
+            self._route_wake.set()
 
     def _on_store_notice(self, what: str) -> None:
         """Thread-safe: another process appended (wake the router) or routed
@@ -214,6 +285,10 @@ class Relay:
         gc_before = gc.get_threshold()
         if self.config.relay.gc_threshold is not None:
             gc.set_threshold(self.config.relay.gc_threshold, *gc_before[1:])
+        combined = getattr(self.store, "route_and_claim", None)
+        audited = self.audit is not None or getattr(self.store, "audit", None) is not None
+        self.route_and_claim = combined if callable(combined) and not audited else None
+        self._unrouted, self._routing, self._handoff = False, 0, None
         unsubscribe = self.outbox.add_listener(self.wake)
         unlisten = self.store.listen(self._on_store_notice)  # other processes' appends (PostgreSQL NOTIFY)
         self.workers = {
@@ -283,12 +358,16 @@ class Relay:
         while not self.stopping:
             self._route_wake.clear()
             self._route_busy = True
+            combined = self.route_and_claim is not None
+            # while a destination routes (route_and_claim), it takes the new appends next: skip this round
+            routing = not (combined and self._routing)
+            if combined and routing:
+                self._unrouted = False
+                self._routing += 1
             try:
                 started = time.time()
-                n = await self.db(self.store.route, route, cfg.route_batch, started)
+                n = await self.db(self.store.route, route, cfg.route_batch, started) if routing else 0
                 store_delay = 0.5
-                if n:
-                    self.hook.outrelay_routed(count=n, started=started, finished=time.time())
             except StoreError as exc:  # database down or locked: wait and try again, nothing is lost
                 log.warning("router: outbox unavailable (%s); retrying in %.1fs", exc, store_delay)
                 n = 0
@@ -296,11 +375,11 @@ class Relay:
                 store_delay = min(store_delay * 2, 30.0)
             finally:
                 self._route_busy = False
-            if n:
-                for w in self.workers.values():
-                    w.wake.set()
-                if n == cfg.route_batch:
-                    continue
+                if combined and routing:
+                    self.routing_done()
+            self.routed(n, started)
+            if n == cfg.route_batch:
+                continue
             timeout = 0.02 if time.monotonic() < self._fast_poll_until else cfg.poll_interval
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._route_wake.wait(), timeout=timeout)
@@ -386,6 +465,10 @@ class Relay:
             if quiet >= 2:
                 self.stop()
                 return
+
+
+#: seconds appends wait for a destination's claim to route them before the router does (route_and_claim)
+_HANDOFF = 0.02
 
 
 async def _bounded(aw: Any, what: str) -> bool:

@@ -31,6 +31,8 @@ Every database failure is raised as :class:`~outrelay.StoreError`.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -54,8 +56,11 @@ from outrelay.core.stores.postgres_schema import migration_sql as _migration_sql
 
 __all__ = ["PostgresStore"]
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
+_BEGIN_RELAXED = "BEGIN; SET LOCAL synchronous_commit = off"
 _TRANSIENT = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure, psycopg.errors.LockNotAvailable)
 
 
@@ -78,6 +83,7 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
         self.notify: bool = opts["notify"]
         self.max_workers = opts["pool_size"]
         self._listeners: list[Listener] = []
+        self._local: list[Callable[[str], None]] = []  # listen() callbacks, called by this process's routing
         self._pool = ConnectionPool(self._conninfo, self.max_workers, self.where)
         #: versions the open applied (``outrelay migrate`` can report them)
         self.migrations_applied: list[int] = []
@@ -113,7 +119,15 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
 
     # -- plumbing -----------------------------------------------------------------
 
-    def _run(self, fn: Callable[[Cursor], T], *, reconnect: bool = True, relaxed: bool = False) -> T:
+    def _run(
+        self,
+        fn: Callable[[Cursor], T],
+        *,
+        reconnect: bool = True,
+        relaxed: bool = False,
+        first: str = "",
+        finish: Callable[[T], str] | None = None,
+    ) -> T:
         """Run ``fn`` in one transaction; retry deadlocks/serialization failures,
         and once on a dropped connection (every relay-side call is idempotent
         under retry: a repeated settle finds its lanes released and skips).
@@ -122,14 +136,18 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
         (``synchronous_commit = off``): for the relay's bookkeeping a database
         crash can then only roll state back to an earlier consistent point,
         which means sending some events again — never losing one. Appends
-        never run relaxed."""
+        never run relaxed. A relaxed transaction also saves round trips, which
+        the relay pays on every claim, route and settle: ``BEGIN``, the ``SET``
+        and ``first`` (a statement without parameters; ``fn`` finds the cursor
+        on its result) go in one message, and ``finish(result)`` (statements
+        without parameters, or ``""``) in the one that commits."""
         attempt = 0
         while True:
             attempt += 1
             try:
+                if relaxed:
+                    return self._relaxed(fn, first, finish)
                 with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-                    if relaxed:
-                        cur.execute("SET LOCAL synchronous_commit = off")
                     return fn(cur)
             except _TRANSIENT as exc:
                 if attempt >= 8:
@@ -142,6 +160,32 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
                     raise StoreError(f"PostgreSQL outbox {self.where}: {_line(exc)}") from None
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL outbox {self.where}: {_line(exc)}") from None
+
+    def _relaxed(self, fn: Callable[[Cursor], T], first: str, finish: Callable[[T], str] | None) -> T:
+        """One relaxed transaction (see :meth:`_run`), begun and committed by hand on an autocommit connection.
+
+        :raises psycopg.Error: from any statement; the transaction is rolled back
+            (or the broken connection dropped by the pool).
+        """
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            cur.execute(f"{_BEGIN_RELAXED}; {first}" if first else _BEGIN_RELAXED)
+            try:
+                if first:
+                    cur.nextset()  # past BEGIN
+                    cur.nextset()  # past SET: on first's result
+                result = fn(cur)
+                tail = finish(result) if finish is not None else ""
+                cur.execute(f"{tail}; COMMIT" if tail else "COMMIT")
+                while cur.nextset():
+                    pass
+                if cur.statusmessage != "COMMIT":  # a failed statement fn let through: COMMIT rolled back
+                    raise StoreError(f"PostgreSQL outbox {self.where}: the transaction was rolled back")
+            except BaseException:
+                if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
+            return result
 
     def _q(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
         def fn(cur: Cursor) -> list[Any]:
@@ -185,23 +229,46 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
 
     def listen(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call ``callback("appended" | "routed")`` from a thread when another
-        process commits an append or routes events; returns the stop function."""
+        process commits an append or routes events; returns the stop function.
+
+        A ``routed`` this store's own routing sent is not passed on from the
+        server: :meth:`route` calls the callbacks itself as it commits (one
+        wake-up, at once; the late echo through the server would only send a
+        relay's destinations into another claim that finds nothing)."""
         if not self.notify:
             return lambda: None
-        listener = Listener(self._conninfo, self.n.channel, callback, self.where)
+        pids = self._pool.pids
+
+        def heard(payload: str, pid: int) -> None:
+            if payload != "routed" or pid not in pids:
+                callback(payload)
+
+        listener = Listener(self._conninfo, self.n.channel, heard, self.where)
         self._listeners.append(listener)
+        self._local.append(callback)
 
         def stop() -> None:
             listener.stop()
             if listener in self._listeners:
                 self._listeners.remove(listener)
+            if callback in self._local:
+                self._local.remove(callback)
 
         return stop
+
+    def _routed_here(self) -> None:
+        """This store's routing committed deliveries: wake this process's listeners (see :meth:`listen`)."""
+        for callback in list(self._local):
+            try:
+                callback("routed")
+            except Exception:  # a wake-up is a hint: never let it fail the route
+                log.debug("routed callback failed", exc_info=True)
 
     def close(self) -> None:
         for listener in list(self._listeners):
             listener.stop()
         self._listeners.clear()
+        self._local.clear()
         self._pool.close()
 
     def __repr__(self) -> str:

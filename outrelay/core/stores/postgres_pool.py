@@ -119,6 +119,8 @@ class ConnectionPool:
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(size)
         self.closed = False
+        #: server process ids of this pool's connections (the sender of a NOTIFY one of them made)
+        self.pids: set[int] = set()
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -132,6 +134,7 @@ class ConnectionPool:
                 conn = connect(self._conninfo, self._where)
                 with self._lock:
                     self._all.add(conn)
+                    self.pids.add(conn.info.backend_pid)
             try:
                 yield conn
             finally:
@@ -146,6 +149,8 @@ class ConnectionPool:
     def _discard(self, conn: psycopg.Connection[Any]) -> None:
         with self._lock:
             self._all.discard(conn)
+            with suppress(psycopg.Error):  # closed: its pid is no longer known
+                self.pids.discard(conn.info.backend_pid)
         with suppress(psycopg.Error):  # already gone
             conn.close()
 
@@ -160,14 +165,15 @@ class ConnectionPool:
 
 
 class Listener:
-    """A daemon thread that LISTENs on ``channel`` and calls ``callback(payload)``
-    for each notification; reconnects with backoff (polling covers the gaps).
+    """A daemon thread that LISTENs on ``channel`` and calls ``callback(payload, pid)``
+    for each notification (``pid``: the sending server process); reconnects with
+    backoff (polling covers the gaps).
 
     :meth:`stop` shuts the LISTEN connection's socket down, so the thread
     leaves its wait at once instead of at the end of a poll interval (a relay
     that stops, ``run --drain`` included, does not wait it out)."""
 
-    def __init__(self, conninfo: str, channel: str, callback: Callable[[str], None], where: str) -> None:
+    def __init__(self, conninfo: str, channel: str, callback: Callable[[str, int], None], where: str) -> None:
         self._conninfo = conninfo
         self._channel = channel
         self._callback = callback
@@ -198,7 +204,7 @@ class Listener:
                 while not self._stop.is_set():
                     for note in conn.notifies(timeout=_POLL):
                         try:
-                            self._callback(note.payload)
+                            self._callback(note.payload, note.pid)
                         except Exception:  # a wake-up is a hint: never let it kill the listener
                             log.debug("LISTEN callback failed", exc_info=True)
             except (psycopg.Error, OSError) as exc:

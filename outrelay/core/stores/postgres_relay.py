@@ -29,14 +29,18 @@ T = TypeVar("T")
 
 
 class RelayMixin:
-    """Needs ``n``, ``notify``, ``_run``, ``_q`` and ``_event`` from the store."""
+    """Needs ``n``, ``notify``, ``_run``, ``_q``, ``_event`` and ``_routed_here`` from the store."""
 
     n: Names
     notify: bool
 
     if TYPE_CHECKING:
 
-        def _run(self, fn: Callable[[Cursor], T], *, reconnect: bool = True, relaxed: bool = False) -> T: ...
+        def _run(
+            self, fn: Callable[[Cursor], T], *, reconnect: bool = True, relaxed: bool = False,
+            first: str = "", finish: Callable[[T], str] | None = None,
+        ) -> T: ...  # fmt: skip
+        def _routed_here(self) -> None: ...
         def _q(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> list[Any]: ...
         @staticmethod
         def _event(seq: int, attrs: Any, data: bytes) -> Event: ...
@@ -68,27 +72,59 @@ class RelayMixin:
         self._run(fn)
 
     def route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
-        n = self.n
-        static = getattr(router, "static_destinations", None)
-
         def fn(cur: Cursor) -> int:
-            cur.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", (n.route_key,))
-            if not cur.fetchone()[0]:  # type: ignore[index]
+            if not cur.fetchone()[0]:  # type: ignore[index]  # the advisory lock (first)
                 return 0  # another relay is routing; it keeps the order
-            # with the audit chain on, route exactly the events it records
-            audited = self._audit_unrouted(cur, limit) if self.audit is not None else None
-            only = None if audited is None else [a[0] for a in audited]
-            if static is not None:
-                count = self._route_static(cur, list(static), limit, now, only)
-            else:
-                count = self._route_decoding(cur, router, limit, now, only)
-            if count and self.notify:
-                cur.execute("SELECT pg_notify(%s, 'routed')", (n.channel,))
-            if audited:
-                self._audit_routed(cur, audited, now)
-            return count
+            return self._route_locked(cur, router, limit, now)
 
-        return self._run(fn, relaxed=True)
+        count = self._run(fn, relaxed=True, first=self._route_lock(), finish=self._routed_note)
+        if count and self.notify:
+            self._routed_here()
+        return count
+
+    def route_and_claim(
+        self, router: Callable[[Event], Sequence[str]], route_limit: int, destination: str, **claim: Any
+    ) -> tuple[int, list[Claimed]]:
+        """:meth:`route` then :meth:`claim` in one transaction: what a relay does when an
+        append wakes it, without the hop between the two (the destination that claims
+        routes for every destination). Routing is skipped when another relay routes at
+        that moment; it is not offered with the audit chain on (its records of routing
+        and claiming are kept in separate transactions). Returns (routed, claimed)."""
+        if self.audit is not None:
+            raise RuntimeError("route_and_claim is not offered with the audit chain on; route, then claim")
+
+        def fn(cur: Cursor) -> tuple[int, list[Claimed]]:
+            routed = self._route_locked(cur, router, route_limit, claim["now"]) if cur.fetchone()[0] else 0  # type: ignore[index]
+            return routed, self._claim_in(cur, destination, **claim)
+
+        routed, claimed = self._run(
+            fn, relaxed=True, first=self._route_lock(), finish=lambda result: self._routed_note(result[0])
+        )
+        if routed and self.notify:
+            self._routed_here()
+        return routed, claimed
+
+    def _route_lock(self) -> str:
+        # taken in the message that begins the transaction (fixed text: the names are validated identifiers)
+        return f"SELECT pg_try_advisory_xact_lock(hashtext('{self.n.route_key}'))"
+
+    def _routed_note(self, count: int) -> str:
+        """The NOTIFY sent in the message that commits a routing that routed ``count`` events."""
+        return f"SELECT pg_notify('{self.n.channel}', 'routed')" if count and self.notify else ""
+
+    def _route_locked(self, cur: Cursor, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
+        """Route up to ``limit`` events; the caller holds the routing lock."""
+        static = getattr(router, "static_destinations", None)
+        # with the audit chain on, route exactly the events it records
+        audited = self._audit_unrouted(cur, limit) if self.audit is not None else None
+        only = None if audited is None else [a[0] for a in audited]
+        if static is not None:
+            count = self._route_static(cur, list(static), limit, now, only)
+        else:
+            count = self._route_decoding(cur, router, limit, now, only)
+        if audited:
+            self._audit_routed(cur, audited, now)
+        return count
 
     def _route_static(
         self, cur: Cursor, dests: list[str], limit: int, now: float, only: list[int] | None = None
@@ -196,30 +232,38 @@ class RelayMixin:
         value's header only), lease the lanes that contributed, drop lanes
         found empty, and return the picked rows with their data (binary
         protocol: no hex-encoded bytea)."""
-        n = self.n
-        sql = _CLAIM_SQL.format(n=n)
-        args = {
-            "dest": destination, "owner": owner, "lim": limit, "per_lane": per_lane,
-            "until": now + lease_seconds, "budget": max_bytes if max_bytes is not None else 2**62,
-        }  # fmt: skip
-
-        def fn(cur: Cursor) -> list[Claimed]:
-            cur.execute(
-                f"SELECT stream FROM {n.lanes} WHERE destination = %s AND NOT parked AND due_at <= %s "
-                "AND owner IS DISTINCT FROM %s ORDER BY due_at LIMIT %s FOR UPDATE SKIP LOCKED",
-                (destination, now, owner, limit),
-            )
-            locked = [r[0] for r in cur]
-            if not locked:
-                return []
-            cur.execute(sql, {**args, "locked": locked}, binary=True)
-            decode = Event.from_attributes
-            return [Claimed(d_id, decode(attrs, data, seq), att, first) for d_id, att, first, seq, attrs, data in cur]
-
-        claimed = self._run(fn, relaxed=True)
+        claimed = self._run(
+            lambda cur: self._claim_in(
+                cur, destination, limit=limit, per_lane=per_lane, owner=owner, lease_seconds=lease_seconds,
+                now=now, max_bytes=max_bytes,
+            ),
+            relaxed=True,
+        )  # fmt: skip
         if self.audit is not None:  # settling then describes the batch without reading it again
             self.audit.remember(claimed)
         return claimed
+
+    def _claim_in(
+        self, cur: Cursor, destination: str, *, limit: int, per_lane: int, owner: str, lease_seconds: float,
+        now: float, max_bytes: int | None = None,
+    ) -> list[Claimed]:  # fmt: skip
+        """:meth:`claim`'s two statements, in the caller's transaction."""
+        n = self.n
+        cur.execute(
+            f"SELECT stream FROM {n.lanes} WHERE destination = %s AND NOT parked AND due_at <= %s "
+            "AND owner IS DISTINCT FROM %s ORDER BY due_at LIMIT %s FOR UPDATE SKIP LOCKED",
+            (destination, now, owner, limit),
+        )
+        locked = [r[0] for r in cur]
+        if not locked:
+            return []
+        args = {
+            "dest": destination, "owner": owner, "lim": limit, "per_lane": per_lane, "locked": locked,
+            "until": now + lease_seconds, "budget": max_bytes if max_bytes is not None else 2**62,
+        }  # fmt: skip
+        cur.execute(_CLAIM_SQL.format(n=n), args, binary=True)
+        decode = Event.from_attributes
+        return [Claimed(d_id, decode(attrs, data, seq), att, first) for d_id, att, first, seq, attrs, data in cur]
 
     def renew_leases(self, owner: str, lease_seconds: float, now: float) -> int:
         def fn(cur: Cursor) -> int:
