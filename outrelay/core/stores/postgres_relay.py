@@ -89,7 +89,15 @@ class RelayMixin:
         append wakes it, without the hop between the two (the destination that claims
         routes for every destination). Routing is skipped when another relay routes at
         that moment; it is not offered with the audit chain on (its records of routing
-        and claiming are kept in separate transactions). Returns (routed, claimed)."""
+        and claiming are kept in separate transactions). Returns (routed, claimed).
+
+        Locks: routing takes the lanes in (destination, stream) order as always, and the
+        claim that follows waits for none (``SKIP LOCKED``; rows this transaction holds are
+        not skipped), so no deadlock is added. A failure rolls both back: nothing is routed
+        by a claim that failed.
+
+        :raises RuntimeError: the audit chain is on.
+        :raises StoreError: as :meth:`route` and :meth:`claim`."""
         if self.audit is not None:
             raise RuntimeError("route_and_claim is not offered with the audit chain on; route, then claim")
 
