@@ -72,7 +72,9 @@ def outrelay_routed(count: int, started: float, finished: float) -> None:
     in one pass, between ``started`` and ``finished`` (``time.time()``).
 
     Called once per routing pass that routed something; must not block (the
-    tracing plugin records its ``outrelay.route`` span here).
+    tracing plugin records its ``outrelay.route`` span here). On PostgreSQL a
+    destination's claim may route new appends in its own transaction: the
+    interval then spans that whole transaction, claim included.
     """
 
 
