@@ -31,6 +31,21 @@ from outrelay.core.inbox import Inbox
 __all__ = ["Recorder", "run_member"]
 
 
+def _wal(db: sqlite3.Connection) -> None:
+    """Switch ``db`` to WAL. Members start together, and switching the journal mode fails at once
+    with "database is locked" while another member's connection holds a lock (the busy timeout
+    does not apply to it): retry for up to 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class Recorder:
     """The handler: records, optionally applies effects idempotently, optionally crashes."""
 
@@ -53,7 +68,7 @@ class Recorder:
         self._out = out.open("ab", buffering=0)
         if app_db is not None:
             with sqlite3.connect(app_db, timeout=30) as db:
-                db.execute("PRAGMA journal_mode=WAL")
+                _wal(db)
                 db.execute("CREATE TABLE IF NOT EXISTS effects (event_id TEXT, member TEXT)")
                 self.inbox.create_table(db)
 
