@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
@@ -166,6 +166,22 @@ class TestRoutedNotifications:
             theirs.close()
 
 
+@contextlib.asynccontextmanager
+async def running(relay: Relay, pg_schema: str) -> AsyncIterator[Outbox]:
+    """Run ``relay`` (idle and LISTENing after a second); yield another Outbox on the same schema,
+    whose appends reach the relay through NOTIFY only. Stops the relay and closes both outboxes."""
+    task = asyncio.create_task(relay.run())
+    other = Outbox.open(pg_url(pg_schema))
+    try:
+        await asyncio.sleep(1.0)
+        yield other
+    finally:
+        other.close()
+        relay.stop()
+        await task
+        relay.outbox.close()
+
+
 class TestRelayRoutesInClaims:
     async def test_appends_elsewhere_are_routed_by_claims_in_order(self, pg_schema: str) -> None:
         """Appends committed by another process reach two destinations well before the poll, in order per
@@ -189,10 +205,7 @@ class TestRelayRoutesInClaims:
             return result
 
         outbox.store.route_and_claim = counting  # type: ignore[attr-defined]
-        task = asyncio.create_task(relay.run())
-        other = Outbox.open(pg_url(pg_schema))
-        try:
-            await asyncio.sleep(1.0)  # relay idle, LISTENing
+        async with running(relay, pg_schema) as other:
             events = [ev(f"s{i % 3}", i) for i in range(60)]
             started = time.monotonic()
             for e in events:
@@ -200,11 +213,6 @@ class TestRelayRoutesInClaims:
             while any(len(b.all()) < 60 for b in brokers.values()) and time.monotonic() - started < 20:
                 await asyncio.sleep(0.01)
             elapsed = time.monotonic() - started
-        finally:
-            other.close()
-            relay.stop()
-            await task
-            outbox.close()
         for b in brokers.values():
             got = [m.event.id for m in b.all()]
             for stream in ("s0", "s1", "s2"):
@@ -226,19 +234,11 @@ class TestRelayRoutesInClaims:
             ),
             transports={"a": MemoryTransport(MemoryConfig(broker="claim-routing-paused"))},
         )
-        task = asyncio.create_task(relay.run())
-        other = Outbox.open(pg_url(pg_schema))
-        try:
-            await asyncio.sleep(1.0)
+        async with running(relay, pg_schema) as other:
             await asyncio.to_thread(other.append, ev("s", 0))
             started = time.monotonic()
             while outbox.store.unrouted() and time.monotonic() - started < 10:
                 await asyncio.sleep(0.01)
             elapsed = time.monotonic() - started
-        finally:
-            other.close()
-            relay.stop()
-            await task
-            outbox.close()
         assert elapsed < 3.0
         assert MemoryTransport.broker("claim-routing-paused").all() == []
