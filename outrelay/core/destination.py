@@ -167,11 +167,6 @@ class DestinationWorker:
         task = asyncio.create_task(self._process(claimed, size, (claim_started, time.time())))
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
-        if len(claimed) < self.batch_size:
-            # it took every lane that was due and free: another claim now would find nothing. Lanes it
-            # skipped (locked for a moment, or over the byte budget) are due now, so _wait_for_work's
-            # next_due sends it straight back; new work and finished batches wake it
-            await self._wait_for_work()
 
     async def _open(self) -> None:
         delay = 0.2
