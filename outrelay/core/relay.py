@@ -210,14 +210,16 @@ class Relay:
         if self._unrouted and self._route_wake is not None:
             self._route_wake.set()
 
-    def take_routing(self) -> bool:
+    def take_routing(self, *, router: bool = False) -> bool:
         """For a destination about to claim: True when it should route first (appends are waiting);
-        the caller then calls :meth:`routing_done` once its claim returned or failed.
+        for the router (``router``): True unless a routing is under way, whether appends wait or not
+        (its poll, a full batch's remainder, a pending commit). The caller then calls
+        :meth:`routing_done` once its routing returned or failed.
 
         At most one routing runs in this relay at a time: PostgreSQL serialises routing with a lock
         that the others would fail to take and then skip, while the one holding it may already have
         passed the newest appends; so they wait for it and it routes them next."""
-        if not self._unrouted or self._routing:
+        if self._routing or not (router or self._unrouted):
             return False
         self._unrouted = False
         self._routing += 1
@@ -360,10 +362,7 @@ class Relay:
             self._route_busy = True
             combined = self.route_and_claim is not None
             # while a destination routes (route_and_claim), it takes the new appends next: skip this round
-            routing = not (combined and self._routing)
-            if combined and routing:
-                self._unrouted = False
-                self._routing += 1
+            routing = self.take_routing(router=True) if combined else True
             try:
                 started = time.time()
                 n = await self.db(self.store.route, route, cfg.route_batch, started) if routing else 0

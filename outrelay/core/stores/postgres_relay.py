@@ -72,15 +72,7 @@ class RelayMixin:
         self._run(fn)
 
     def route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
-        def fn(cur: Cursor) -> int:
-            if not cur.fetchone()[0]:  # type: ignore[index]  # the advisory lock (first)
-                return 0  # another relay is routing; it keeps the order
-            return self._route_locked(cur, router, limit, now)
-
-        count = self._run(fn, relaxed=True, first=self._route_lock(), finish=self._routed_note)
-        if count and self.notify:
-            self._routed_here()
-        return count
+        return self._routing_tx(router, limit, now, lambda cur: [])[0]
 
     def route_and_claim(
         self, router: Callable[[Event], Sequence[str]], route_limit: int, destination: str, **claim: Any
@@ -100,10 +92,24 @@ class RelayMixin:
         :raises StoreError: as :meth:`route` and :meth:`claim`."""
         if self.audit is not None:
             raise RuntimeError("route_and_claim is not offered with the audit chain on; route, then claim")
+        now = claim["now"]
+        return self._routing_tx(router, route_limit, now, lambda cur: self._claim_in(cur, destination, **claim))
+
+    def _routing_tx(
+        self,
+        router: Callable[[Event], Sequence[str]],
+        limit: int,
+        now: float,
+        then: Callable[[Cursor], list[Claimed]],
+    ) -> tuple[int, list[Claimed]]:
+        """One transaction: take the routing lock (skipped, routing 0, when another relay holds it),
+        route up to ``limit`` events, then ``then(cur)``; notify ``routed`` as it commits and wake this
+        process's listeners after."""
 
         def fn(cur: Cursor) -> tuple[int, list[Claimed]]:
-            routed = self._route_locked(cur, router, route_limit, claim["now"]) if cur.fetchone()[0] else 0  # type: ignore[index]
-            return routed, self._claim_in(cur, destination, **claim)
+            locked = cur.fetchone()[0]  # type: ignore[index]  # the advisory lock (first)
+            routed = self._route_locked(cur, router, limit, now) if locked else 0  # else: that relay keeps the order
+            return routed, then(cur)
 
         routed, claimed = self._run(
             fn, relaxed=True, first=self._route_lock(), finish=lambda result: self._routed_note(result[0])
