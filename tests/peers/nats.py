@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sysconfig
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -26,9 +27,22 @@ import pytest
 
 from tests.services import free_port, need, port_open, wait_port
 
-__all__ = ["NatsServer", "StreamFactory", "nats_server", "nats_streams", "nats_url", "private_nats_server"]
+__all__ = [
+    "NATS_ATOMIC_SERVER_BIN",
+    "NATS_SERVER_BIN",
+    "NatsServer",
+    "StreamFactory",
+    "nats_server",
+    "nats_streams",
+    "nats_url",
+    "private_nats_server",
+]
 
 NATS_SERVER_BIN = os.environ.get("OUTRELAY_NATS_SERVER_BIN") or shutil.which("nats-server") or "/usr/sbin/nats-server"
+#: a nats-server of 2.12 or newer (atomic batches): the one the dev extra's nats-server-bin puts beside the interpreter
+NATS_ATOMIC_SERVER_BIN = os.environ.get("OUTRELAY_NATS_ATOMIC_SERVER_BIN") or str(
+    Path(sysconfig.get_path("scripts")) / "nats-server"
+)
 
 
 @pytest.fixture(scope="session")
@@ -94,8 +108,11 @@ async def nats_streams(nats_url: str) -> AsyncIterator[StreamFactory]:
 class NatsServer:
     """A private ``nats-server -js`` with file storage in ``store_dir`` (kill/restart at will)."""
 
-    def __init__(self, store_dir: Path, port: int | None = None, args: Sequence[str] = ()) -> None:
+    def __init__(
+        self, store_dir: Path, port: int | None = None, args: Sequence[str] = (), binary: str = NATS_SERVER_BIN
+    ) -> None:
         self.store_dir = store_dir
+        self.binary = binary
         self.port = port or free_port()
         self._port_chosen = port is None  # ours to re-pick if another process wins the race for it
         self._started = False
@@ -110,7 +127,7 @@ class NatsServer:
         """Start (or restart, on the same port). A first start on a port we picked ourselves tries
         another free port if someone else took it between free_port() and the bind."""
         for _ in range(3 if self._port_chosen and not self._started else 1):
-            args = [NATS_SERVER_BIN, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
+            args = [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
             self.proc = subprocess.Popen([*args, *self.args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             # the port must answer *and* be ours: if the bind failed, nats-server exits at once and
             # wait_port() would be answered by whoever holds the port
@@ -142,11 +159,16 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
 
 
 @contextlib.contextmanager
-def private_nats_server(tmp_path: Path, args: Sequence[str] = ()) -> Iterator[NatsServer]:
-    """Start a private JetStream server with extra ``args``; kill it on exit."""
-    if not os.path.exists(NATS_SERVER_BIN):
-        need("nats-server binary", f"{NATS_SERVER_BIN} not found; set OUTRELAY_NATS_SERVER_BIN")
-    server = NatsServer(tmp_path / f"js-{uuid.uuid4().hex[:6]}", args=args)
+def private_nats_server(
+    tmp_path: Path, args: Sequence[str] = (), binary: str = NATS_SERVER_BIN
+) -> Iterator[NatsServer]:
+    """Start a private JetStream server (``binary``) with extra ``args``; kill it on exit."""
+    if not os.path.exists(binary):
+        need(
+            "nats-server binary",
+            f"{binary} not found; set OUTRELAY_NATS_SERVER_BIN (2.12+: OUTRELAY_NATS_ATOMIC_SERVER_BIN)",
+        )
+    server = NatsServer(tmp_path / f"js-{uuid.uuid4().hex[:6]}", args=args, binary=binary)
     server.start()
     try:
         yield server

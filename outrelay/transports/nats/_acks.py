@@ -119,6 +119,28 @@ class AckMux:
         self._staged_futures.append(future)
         return future
 
+    def stage_unacked(self, subject: str, payload: bytes, headers: dict[str, str]) -> None:
+        """Encode one message without a reply subject for the next :meth:`flush`: the server sends
+        nothing back for it (a member of an atomic batch before its commit, see ``_atomic.py``).
+
+        :raises nats.errors.Error: the connection cannot take the message now (nothing was staged).
+        """
+        nc = self._usable()
+        hdr = header_block(headers)
+        if len(hdr) + len(payload) > nc.max_payload:
+            raise nats.errors.MaxPayloadError
+        nc.stats["out_msgs"] += 1
+        nc.stats["out_bytes"] += len(payload)
+        self._staged.append(
+            b"HPUB %b %d %d\r\n%b%b\r\n" % (subject.encode(), len(hdr), len(hdr) + len(payload), hdr, payload)
+        )
+
+    def unstage(self) -> None:
+        """Drop what was staged and not flushed; its futures are cancelled."""
+        for future in self._staged_futures:
+            future.cancel()
+        self._staged, self._staged_futures = [], []
+
     async def flush(self) -> None:
         """Write what was staged, in staging order, as one command.
 

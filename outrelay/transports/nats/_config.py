@@ -8,6 +8,7 @@
     subject = "events.{category}.{stream}"    # a Template
     expected_stream = "EVENTS"                 # optional: Nats-Expected-Stream
     pipeline = "auto"                          # true | false | "auto": see below
+    atomic = "auto"                            # true | false | "auto": atomic batches, see _atomic.py
     order_guard = "off"                        # "auto" | "last-msg-id" (experimental): see _chain.py
     # credentials: at most one of credentials_file / nkey_seed_file / token / user+password
     credentials_file = "/etc/nats/relay.creds"
@@ -54,6 +55,7 @@ class StreamSpec(BaseModel):
     storage: Literal["file", "memory"] = "file"
     duplicate_window: float = Field(120.0, gt=0, description="seconds in which a repeated Nats-Msg-Id is dropped")
     replicas: int = Field(1, ge=1, le=5)
+    allow_atomic: bool = Field(False, description="allow atomic batch publishing (nats-server 2.12+; see atomic)")
 
 
 class NatsConfig(TransportConfig):
@@ -70,6 +72,13 @@ class NatsConfig(TransportConfig):
         "each ack; false: at most one unacked message per stream (streams still in parallel); auto: true, except "
         "into a replicated or discard=new JetStream stream without the order guard, where a refused message could "
         "be overtaken by the next one of its stream: there false",
+    )
+    atomic: bool | Literal["auto"] = Field(
+        "auto",
+        description="publish each batch as one JetStream atomic batch (stored all together or not at all; "
+        "nats-server 2.12+, a stream with allow_atomic), so pipelining keeps per-stream order through stream "
+        "leader changes; auto: when pipelining into a known stream that allows atomic batches and is replicated "
+        "or discards new messages; true: always (refused at open when the stream does not allow it); false: never",
     )
     order_guard: Literal["auto", "last-msg-id", "off"] = Field(
         "off",
@@ -125,6 +134,13 @@ class NatsConfig(TransportConfig):
             raise ValueError("password needs user")
         if not self.servers:
             raise ValueError("servers must name at least one nats:// URL")
+        if self.atomic is True and self.pipeline is False:
+            raise ValueError("atomic = true publishes pipelined batches: remove pipeline = false (or atomic)")
+        if self.atomic is True and self.order_guard == "last-msg-id":
+            raise ValueError(
+                'atomic = true and order_guard = "last-msg-id" exclude each other (an atomic batch cannot carry '
+                "Nats-Expected-Last-Msg-Id, and it needs no guard): remove one"
+            )
         if self.order_guard == "last-msg-id" and not (self.expected_stream or self.create_stream):
             raise ValueError(
                 'order_guard = "last-msg-id" needs the stream it guards: set expected_stream (or create_stream)'

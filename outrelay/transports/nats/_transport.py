@@ -78,7 +78,7 @@ from nats.js.client import JetStreamContext
 
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
-from outrelay.core.errors import PermanentError, UsageError
+from outrelay.core.errors import PermanentError, RetryableError, UsageError
 from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 from outrelay.core.templates import Template
 from outrelay.core.transport import (
@@ -94,6 +94,7 @@ from outrelay.core.transport import (
     send_pipelined,
 )
 from outrelay.transports.nats._acks import AckMux
+from outrelay.transports.nats._atomic import send_atomic
 from outrelay.transports.nats._chain import WRONG_LAST_MSG_ID, Chain, server_last_id, server_version
 from outrelay.transports.nats._config import NatsConfig, StreamSpec
 from outrelay.transports.nats._connect import connect, drop_unsent
@@ -141,6 +142,7 @@ class NatsTransport(Transport):
         self._dedupe_window: float | None = spec.duplicate_window if spec else None
         self._chain: Chain | None = None  # the order guard (see _chain.py), decided at open
         self._pipelined = config.pipeline is not False  # decided at open (``pipeline = "auto"``)
+        self._atomic = False  # atomic batches (``atomic``, see _atomic.py), decided at open
         self._inflight: dict[str, tuple[int, asyncio.Future[dict[str, Any]]]] = {}  # guarded, by msg id
         #: event id -> how many times it was re-issued under a new message id (see the module docstring)
         self._reissued: dict[str, int] = {}
@@ -167,6 +169,12 @@ class NatsTransport(Transport):
     def pipelined(self) -> bool:
         """Whether sends pipeline a stream's messages (``pipeline``, as decided at the last open)."""
         return self._pipelined
+
+    @property
+    def atomic(self) -> bool:
+        """Whether sends publish each batch as one JetStream atomic batch (``atomic``, as decided at the
+        last open; off again if the stream stopped allowing it)."""
+        return self._atomic
 
     @property
     def guarded(self) -> bool:
@@ -210,6 +218,7 @@ class NatsTransport(Transport):
             storage=nats.js.api.StorageType(spec.storage),
             duplicate_window=spec.duplicate_window,
             num_replicas=spec.replicas,
+            allow_atomic=spec.allow_atomic or None,  # unset on servers before 2.12, which do not know it
         )
         with mapped(f"cannot create stream {spec.name!r}", self.destination):
             try:
@@ -226,7 +235,8 @@ class NatsTransport(Transport):
         """
         name = self.cfg.expected_stream or (self.cfg.create_stream.name if self.cfg.create_stream else None)
         cfg = self.cfg
-        guard, replicated, refuses = cfg.order_guard == "last-msg-id", False, False
+        guard, replicated, refuses, allows_atomic = cfg.order_guard == "last-msg-id", False, False, False
+        known = False  # the stream's configuration was read
         try:
             if name is None and self._template.is_static:
                 name = await js.find_stream_name_by_subject(cfg.subject)
@@ -235,6 +245,8 @@ class NatsTransport(Transport):
                 self._dedupe_window = info.config.duplicate_window or None
                 replicated = (info.config.num_replicas or 1) > 1
                 refuses = info.config.discard == nats.js.api.DiscardPolicy.NEW
+                allows_atomic = bool(info.config.allow_atomic)
+                known = True
         except (TimeoutError, nats.errors.Error) as exc:
             # not fatal: publishing reports a missing stream per message
             log.debug("destination %s: no stream info: %s", self.destination, classify(exc)[1])
@@ -247,12 +259,28 @@ class NatsTransport(Transport):
                 "per-stream order on a cluster)",
                 destination=self.destination,
             )
+        if cfg.atomic is True and not allows_atomic:
+            if name is not None and not known:  # it may answer on the next attempt (a cluster electing)
+                raise RetryableError(
+                    f"atomic = true: cannot read the configuration of stream {name!r} to check that it allows "
+                    "atomic batches",
+                    destination=self.destination,
+                )
+            raise PermanentError(
+                f"atomic = true, but stream {name or '(unknown: set expected_stream)'!r} does not allow atomic "
+                "batches: create it with allow_atomic = true (nats-server 2.12 or newer), or remove atomic",
+                destination=self.destination,
+            )
+        # atomic batches where the stream allows them and a pipelined message could otherwise be overtaken
+        self._atomic = cfg.pipeline is not False and (
+            cfg.atomic is True or (cfg.atomic == "auto" and not guard and allows_atomic and (replicated or refuses))
+        )
         if cfg.order_guard == "auto":
-            guard = cfg.pipeline is not False and refuses and not replicated
-        self._chain = Chain(name) if guard and name is not None else None
+            guard = cfg.pipeline is not False and refuses and not replicated and not self._atomic
+        self._chain = Chain(name) if guard and name is not None and not self._atomic else None
         # pipelined unless told not to, or unless a refused message could be overtaken unguarded
         self._pipelined = cfg.pipeline is True or (
-            cfg.pipeline == "auto" and (self._chain is not None or not (replicated or refuses))
+            cfg.pipeline == "auto" and (self._atomic or self._chain is not None or not (replicated or refuses))
         )
         self._inflight.clear()
 
@@ -299,11 +327,25 @@ class NatsTransport(Transport):
                 return result_for(exc, m.target)
 
         timeout = self.cfg.ack_timeout
-        if not self._pipelined:
+
+        async def chained(messages: Sequence[Message]) -> list[SendResult]:
             # one message in flight per stream: a later one never overtakes a lost or refused one
             return await send_chained(
-                batch, start, self._ack_outcome, timeout=timeout, destination=self.destination, log=log, flush=flush
+                messages, start, self._ack_outcome, timeout=timeout, destination=self.destination, log=log, flush=flush
             )
+
+        if self._atomic:
+            return await send_atomic(
+                batch,
+                acks,
+                self._prepare,
+                chained,
+                timeout=timeout,
+                destination=self.destination,
+                on_disabled=self._atomic_disabled,
+            )
+        if not self._pipelined:
+            return await chained(batch)
         # publish in batch order without waiting, then collect every ack (see the module docstring)
         return await send_pipelined(
             batch,
@@ -315,6 +357,15 @@ class NatsTransport(Transport):
             fix="set pipeline = false",
             flush=flush,
         )
+
+    def _atomic_disabled(self) -> None:
+        self._atomic = False
+        log.warning(
+            "destination %s: the stream no longer allows atomic batches (allow_atomic was turned off); "
+            "publishing one unacked message per stream until the transport reopens",
+            self.destination,
+        )
+        self._pipelined = False
 
     def _prepare(self, m: Message) -> dict[str, str] | SendResult:
         """The headers of ``m``, or its result when it cannot be published at all."""
