@@ -1,6 +1,7 @@
 """Relay throughput SQLite -> a 3-node NATS JetStream cluster (R3 stream) next to raw nats-py, same run.
 
     .venv/bin/python benchmarks/bench_nats_cluster.py [--count 50000] [--streams 200] [--size 1024]
+    .venv/bin/python benchmarks/bench_nats_cluster.py --server-bin .venv/bin/nats-server --atomic
 
 Starts its own 3-node nats-server cluster on free ports in a temporary
 directory (``tests/cluster/_nats_cluster.py``), or uses
@@ -11,7 +12,11 @@ each ``--pipeline`` value given (default: ``auto``, which on an R3 stream
 without the order guard means one unacked message per stream; ``true``
 pipelines unguarded, which can break order in a leader change) and
 ``--guard`` (``order_guard``; on a replicated stream anything but ``off``
-with ``last-msg-id`` is refused at open).
+with ``last-msg-id`` is refused at open). ``--server-bin`` names the
+nats-server to start (default: the tests' ``NATS_SERVER_BIN``); ``--atomic``
+creates the streams with ``allow_atomic`` (nats-server 2.12+, e.g. the dev
+extra's ``.venv/bin/nats-server``), so ``auto`` and ``true`` publish atomic
+batches.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ from bench_nats import make_events, raw, relay_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.cluster._nats_cluster import running_cluster
+from tests.peers.nats import NATS_SERVER_BIN
 
 
-async def create_stream(urls: list[str]) -> tuple[str, str]:
+async def create_stream(urls: list[str], atomic: bool = False) -> tuple[str, str]:
     tag = uuid.uuid4().hex[:8]
     name, subject = f"BENCHCL_{tag}".upper(), f"benchcl.{tag}"
     nc = await nats.connect(urls)
@@ -45,6 +51,7 @@ async def create_stream(urls: list[str]) -> tuple[str, str]:
             max_msgs=200_000,
             discard=nats.js.api.DiscardPolicy.OLD,
             duplicate_window=120,
+            allow_atomic=True if atomic else None,
         )
     finally:
         await nc.close()
@@ -69,7 +76,7 @@ async def run(urls: list[str], args: argparse.Namespace) -> None:
     await delete_stream(urls, name)
     results = []
     for pipeline in args.pipeline:
-        name, subject = await create_stream(urls)
+        name, subject = await create_stream(urls, args.atomic)
         dest = {
             "transport": "nats",
             "servers": urls,
@@ -87,7 +94,8 @@ async def run(urls: list[str], args: argparse.Namespace) -> None:
         raw_cpu.append(time.process_time() - cpu)
     finally:
         await delete_stream(urls, name)
-    print(f"nats jetstream cluster (3 nodes, R3 file stream), {n} events x {args.size} B, {args.streams} streams")
+    kind = "R3 file stream" + (", allow_atomic" if args.atomic else "")
+    print(f"nats jetstream cluster (3 nodes, {kind}), {n} events x {args.size} B, {args.streams} streams")
     print(f"  raw nats-py publish_async pipelined : {raw_line(n, t_raw, t_raw2)}")
     for pipeline, t, _ in results:
         label = f"pipeline={pipeline}, order_guard={args.guard}"
@@ -112,9 +120,11 @@ def main() -> None:
         action="append",
         help="the relay's pipeline option, once per run to compare (default: auto)",
     )
+    ap.add_argument("--server-bin", default=NATS_SERVER_BIN, help="the nats-server binary to start")
+    ap.add_argument("--atomic", action="store_true", help="streams allow atomic batches (nats-server 2.12+)")
     args = ap.parse_args()
     args.pipeline = args.pipeline or ["auto"]
-    with running_cluster() as cluster:
+    with running_cluster(args.server_bin) as cluster:
         asyncio.run(run(cluster.urls, args))
 
 

@@ -70,8 +70,8 @@ class NatsConfig(TransportConfig):
         "auto",
         description="true: publish a batch's events back to back on one ordered connection instead of waiting for "
         "each ack; false: at most one unacked message per stream (streams still in parallel); auto: true, except "
-        "into a replicated or discard=new JetStream stream without the order guard, where a refused message could "
-        "be overtaken by the next one of its stream: there false",
+        "into a replicated or discard=new JetStream stream without atomic batches or the order guard, where a "
+        "refused message could be overtaken by the next one of its stream: there false",
     )
     atomic: bool | Literal["auto"] = Field(
         "auto",
