@@ -19,7 +19,7 @@ import pydantic
 import pytest
 
 from outrelay import Delivered, Event, Message, PermanentError, Rejected, RetryLater
-from outrelay.transports.nats._config import NatsConfig
+from outrelay.transports.nats._config import NatsConfig, publish_mode
 from outrelay.transports.nats._transport import NatsTransport
 from tests.peers.nats import NATS_ATOMIC_SERVER_BIN, NatsServer, private_nats_server
 
@@ -219,3 +219,36 @@ def test_atomic_conflicts_are_config_errors() -> None:
         NatsConfig(atomic=True, pipeline=False)
     with pytest.raises(pydantic.ValidationError, match="exclude each other"):
         NatsConfig(atomic=True, order_guard="last-msg-id", expected_stream="S")
+
+
+async def test_check_names_the_publish_mode_and_refuses_forced_atomic(server: NatsServer) -> None:
+    async with _stream(server.url, allow_atomic=True, **_NEW) as (name, prefix):
+        line = await _transport(server.url, name, prefix).check()
+        assert "pipelined in atomic batches" in line and "1 replica" in line and "\n" not in line, line
+    async with _stream(server.url) as (name, prefix):
+        assert "pipelined)" in await _transport(server.url, name, prefix).check()
+        with pytest.raises(PermanentError, match="does not allow atomic batches"):
+            await _transport(server.url, name, prefix, atomic=True).check()
+
+
+@pytest.mark.parametrize(
+    ("options", "stream", "expected"),
+    [
+        ({}, (False, False, False), (False, False, True)),  # R1, discard old: plain pipelining
+        ({}, (True, False, False), (False, False, False)),  # R3 without atomic batches: one unacked per stream
+        ({}, (True, False, True), (True, False, True)),  # R3 allowing them: atomic batches
+        ({"pipeline": True}, (True, False, False), (False, False, True)),  # told to: plain (order may break)
+        ({"pipeline": True}, (True, False, True), (True, False, True)),
+        ({"order_guard": "auto"}, (False, True, False), (False, True, True)),  # discard=new R1: the guard
+        ({"order_guard": "auto"}, (False, True, True), (True, False, True)),  # atomic batches preferred to it
+        ({"order_guard": "last-msg-id", "expected_stream": "S"}, (False, True, True), (False, True, True)),
+        ({"atomic": False}, (True, False, True), (False, False, False)),
+    ],
+)
+def test_publish_mode(
+    options: dict[str, Any], stream: tuple[bool, bool, bool], expected: tuple[bool, bool, bool]
+) -> None:
+    """(replicated, refuses, allows_atomic) -> (atomic, guarded, pipelined)."""
+    replicated, refuses, allows_atomic = stream
+    mode = publish_mode(NatsConfig(**options), replicated=replicated, refuses=refuses, allows_atomic=allows_atomic)
+    assert tuple(mode) == expected

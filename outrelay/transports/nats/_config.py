@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import re
 import ssl
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from outrelay.core.transport import TransportConfig
 
-__all__ = ["NatsConfig", "StreamSpec", "mask_url"]
+__all__ = ["NatsConfig", "PublishMode", "StreamSpec", "atomic_not_allowed", "mask_url", "publish_mode"]
 
 _URL_CREDS = re.compile(r"(?P<scheme>[a-z+]+://)(?P<userinfo>[^@/]+)@", re.IGNORECASE)
 
@@ -186,3 +186,48 @@ class NatsConfig(TransportConfig):
     def where(self) -> str:
         """The servers, masked, for messages."""
         return ", ".join(mask_url(s) for s in self.servers)
+
+
+class PublishMode(NamedTuple):
+    """How the transport publishes into one stream (decided at open from the stream's configuration)."""
+
+    atomic: bool  # each batch one JetStream atomic batch (see _atomic.py)
+    guarded: bool  # the order guard chains messages (see _chain.py)
+    pipelined: bool  # a stream's messages back to back, else one unacked message per stream
+
+    def describe(self) -> str:
+        if self.atomic:
+            return "pipelined in atomic batches"
+        if self.guarded:
+            return "pipelined, order guard on"
+        return "pipelined" if self.pipelined else "one unacked message per stream"
+
+
+def publish_mode(cfg: NatsConfig, *, replicated: bool, refuses: bool, allows_atomic: bool) -> PublishMode:
+    """``pipeline``, ``atomic`` and ``order_guard`` applied to a stream that is ``replicated``, ``refuses``
+    new messages when full (``discard = new``) and ``allows_atomic`` batches (what is unknown is False).
+
+    Pipelining is plain where a refused message cannot be overtaken by the next one of its stream (an R1
+    stream that discards old messages); elsewhere it needs atomic batches (preferred) or the order guard
+    (never on a replicated stream: the caller refuses that), or it is one unacked message per stream.
+    An explicit ``order_guard = "last-msg-id"`` wins over ``atomic = "auto"``.
+    """
+    may_pipeline = cfg.pipeline is not False
+    explicit_guard = cfg.order_guard == "last-msg-id"
+    atomic = may_pipeline and (
+        cfg.atomic is True
+        or (cfg.atomic == "auto" and not explicit_guard and allows_atomic and (replicated or refuses))
+    )
+    guarded = not atomic and (
+        explicit_guard or (cfg.order_guard == "auto" and may_pipeline and refuses and not replicated)
+    )
+    pipelined = cfg.pipeline is True or (cfg.pipeline == "auto" and (atomic or guarded or not (replicated or refuses)))
+    return PublishMode(atomic, guarded, pipelined)
+
+
+def atomic_not_allowed(stream: str) -> str:
+    """The one-line error for ``atomic = true`` into ``stream``, which does not allow atomic batches."""
+    return (
+        f"atomic = true, but stream {stream!r} does not allow atomic batches: create it with allow_atomic = true "
+        "(nats-server 2.12 or newer), or remove atomic"
+    )

@@ -73,7 +73,6 @@ __all__ = ["NatsBackend", "NatsFanout", "derive_target", "fetch_ready", "inbound
 _PLACEHOLDER = re.compile(r"\{[a-z]+\}")
 
 
-
 #: how long the "what is waiting now" probe may take before we block for the next message instead
 _PROBE = 0.01
 
@@ -92,6 +91,7 @@ async def fetch_ready(sub: JetStreamContext.PullSubscription, batch: int, wait: 
     except TimeoutError:
         pass
     return await sub.fetch(batch=1, timeout=wait)
+
 
 def derive_target(subject: str, *, destination: str) -> str:
     """The wildcard covering every subject the ``subject`` template renders.

@@ -96,7 +96,7 @@ from outrelay.core.transport import (
 from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._atomic import send_atomic
 from outrelay.transports.nats._chain import WRONG_LAST_MSG_ID, Chain, server_last_id, server_version
-from outrelay.transports.nats._config import NatsConfig, StreamSpec
+from outrelay.transports.nats._config import NatsConfig, StreamSpec, atomic_not_allowed, publish_mode
 from outrelay.transports.nats._connect import connect, drop_unsent
 from outrelay.transports.nats._errors import (
     classify,
@@ -267,21 +267,13 @@ class NatsTransport(Transport):
                     destination=self.destination,
                 )
             raise PermanentError(
-                f"atomic = true, but stream {name or '(unknown: set expected_stream)'!r} does not allow atomic "
-                "batches: create it with allow_atomic = true (nats-server 2.12 or newer), or remove atomic",
-                destination=self.destination,
+                atomic_not_allowed(name or "(unknown: set expected_stream)"), destination=self.destination
             )
-        # atomic batches where the stream allows them and a pipelined message could otherwise be overtaken
-        self._atomic = cfg.pipeline is not False and (
-            cfg.atomic is True or (cfg.atomic == "auto" and not guard and allows_atomic and (replicated or refuses))
-        )
-        if cfg.order_guard == "auto":
-            guard = cfg.pipeline is not False and refuses and not replicated and not self._atomic
-        self._chain = Chain(name) if guard and name is not None and not self._atomic else None
-        # pipelined unless told not to, or unless a refused message could be overtaken unguarded
-        self._pipelined = cfg.pipeline is True or (
-            cfg.pipeline == "auto" and (self._atomic or self._chain is not None or not (replicated or refuses))
-        )
+        mode = publish_mode(cfg, replicated=replicated, refuses=refuses, allows_atomic=allows_atomic)
+        self._atomic, self._pipelined = mode.atomic, mode.pipelined
+        # guarded implies a known stream: "auto" guards only a stream whose configuration was read, and an
+        # explicit guard needs expected_stream or create_stream (NatsConfig)
+        self._chain = Chain(name) if mode.guarded and name is not None else None
         self._inflight.clear()
 
     async def close(self) -> None:
