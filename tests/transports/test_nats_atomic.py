@@ -19,7 +19,10 @@ import pydantic
 import pytest
 
 from outrelay import Delivered, Event, Message, PermanentError, Rejected, RetryLater
+from outrelay.transports.nats._acks import AckMux
+from outrelay.transports.nats._atomic import ABANDONED
 from outrelay.transports.nats._config import NatsConfig, publish_mode
+from outrelay.transports.nats._errors import result_for
 from outrelay.transports.nats._transport import NatsTransport
 from tests.peers.nats import NATS_ATOMIC_SERVER_BIN, NatsServer, private_nats_server
 
@@ -252,3 +255,42 @@ def test_publish_mode(
     replicated, refuses, allows_atomic = stream
     mode = publish_mode(NatsConfig(**options), replicated=replicated, refuses=refuses, allows_atomic=allows_atomic)
     assert tuple(mode) == expected
+
+
+def test_an_abandoned_batch_is_retried_not_rejected() -> None:
+    """10176 (the batch was incomplete, e.g. a leader change lost a member) and a 503 store nothing: RetryLater."""
+    abandoned = nats.js.errors.BadRequestError(code=400, err_code=ABANDONED, description="batch incomplete")
+    assert isinstance(result_for(abandoned, "s"), RetryLater)
+    assert isinstance(result_for(nats.js.errors.ServiceUnavailableError(code=503), "s"), RetryLater)
+
+
+async def test_a_member_lost_on_the_way_stores_nothing_and_is_retried(
+    server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second member of a batch never reaches the server (what a leader change does to a message in
+    flight): the server abandons the batch as incomplete (10176), nothing of it is stored, every member is
+    RetryLater; the retry stores the batch whole, in order."""
+    async with _stream(server.url, allow_atomic=True) as (name, prefix):
+        t = _transport(server.url, name, prefix, atomic=True)
+        await t.open()
+        try:
+            events = _events(10, 2)
+            staged = AckMux.stage_unacked
+            seen: list[int] = []
+
+            def lossy(self: AckMux, subject: str, payload: bytes, headers: dict[str, str]) -> None:
+                seen.append(1)
+                if len(seen) != 2:
+                    staged(self, subject, payload, headers)
+
+            monkeypatch.setattr(AckMux, "stage_unacked", lossy)
+            first = await t.send(_messages(t, events))
+            assert all(isinstance(r, RetryLater) for r in first), first
+            for r in first[:2]:  # the first of s0 and of s1 (the later ones are held)
+                assert isinstance(r, RetryLater) and "abandoned" in r.error, r
+            assert await _stored(server.url, name) == []
+            monkeypatch.setattr(AckMux, "stage_unacked", staged)
+            assert await t.send(_messages(t, events)) == [Delivered()] * 10
+        finally:
+            await t.close()
+        assert [h["ce-id"] for h in await _stored(server.url, name)] == [e.id for e in events]

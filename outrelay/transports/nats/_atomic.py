@@ -132,7 +132,7 @@ async def _publish(
         await asyncio.wait_for(commit, timeout)
     except nats.js.errors.APIError as exc:
         if exc.err_code == ABANDONED or (exc.code or 0) >= 500:  # nothing stored; a 5xx: no leader now
-            return [result_for(exc, m.target) for _, m, _ in members]
+            return [result_for(exc, m.target) for _, m, _ in members]  # RetryLater (see _errors.classify)
         if exc.err_code == DISABLED:
             on_disabled()
         log.debug("atomic batch of %d refused (%s): sending it one message per stream", last, exc.description)

@@ -30,6 +30,8 @@ _PERMANENT_CODES = {
 # Resource limits that may clear (consumers ack, retention removes old messages).
 _RETRYABLE_CODES = {
     10077: "the stream is full (max_msgs/max_bytes with discard=new)",
+    10176: "the atomic batch was abandoned as incomplete (a message of it lost on the way, e.g. in a stream leader "
+    "change): nothing of it was stored; retried",
     10070: "order guard: an earlier message to this stream was not stored (lost in a stream leader change, "
     "refused, or another publisher wrote in between), so this one was held back; retried in order",
 }
