@@ -253,7 +253,7 @@ async def _relay_through_faults(
     breaks = sum("order guard holds back" in r.getMessage() for r in caplog.records)
     print(
         f"{variant} {_variant(variant)}: {EVENTS} events in {elapsed:.1f}s, faults {faults}, "
-        f"{duplicates} duplicates stored, {breaks} chain breaks caught"
+        f"{duplicates} duplicates stored, {breaks} chain breaks caught, {summary.counts['n']['retried']} retries"
     )
 
 

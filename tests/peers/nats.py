@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import nats
@@ -66,9 +67,10 @@ class StreamFactory:
         self.created: list[str] = []
 
     async def __call__(
-        self, prefix: str = "t", *, duplicate_window: float = 120.0, storage: str = "memory"
+        self, prefix: str = "t", *, duplicate_window: float = 120.0, storage: str = "memory", **config: Any
     ) -> tuple[str, str]:
-        """Create a stream; return ``(stream_name, subject_prefix)`` (the stream takes ``prefix.>``)."""
+        """Create a stream (more of its ``config`` as ``add_stream`` takes it, e.g. ``allow_atomic``);
+        return ``(stream_name, subject_prefix)`` (the stream takes ``prefix.>``)."""
         tag = uuid.uuid4().hex[:10]
         name, subject = f"OR_{prefix}_{tag}".upper(), f"or.{prefix}.{tag}"
         nc = await nats.connect(self.url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=1)
@@ -78,6 +80,7 @@ class StreamFactory:
                 subjects=[f"{subject}.>"],
                 storage=nats.js.api.StorageType(storage),
                 duplicate_window=duplicate_window,
+                **config,
             )
         finally:
             await nc.close()

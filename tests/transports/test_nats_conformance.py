@@ -30,7 +30,7 @@ from outrelay.conformance._harness import run_check
 from outrelay.transports.nats._config import NatsConfig, StreamSpec
 from outrelay.transports.nats._transport import NatsTransport
 from tests.peers.conformance_hooks import long_secret
-from tests.peers.nats import NatsServer, StreamFactory, private_nats_server
+from tests.peers.nats import NATS_ATOMIC_SERVER_BIN, NatsServer, StreamFactory, private_nats_server
 from tests.services import free_port
 
 IN_CREDENTIALS_TARGET = (
@@ -84,6 +84,60 @@ class TestNatsConformance(ConformanceSuite):
             label="nats (real nats-server 2.9 with JetStream)",
             read_timeout=10.0,
             upstream=lambda subject: (parts.hostname or "127.0.0.1", parts.port or 4222),
+            make_transport_via=lambda subject, host, port: make(subject, (f"nats://{host}:{port}",)),
+            refuse_target=refuse,
+            binding=NATS,
+        )
+        await streams.delete_all()
+
+
+@pytest.fixture(scope="module")
+def nats_atomic_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """A private nats-server 2.12+ (atomic batches: ``NATS_ATOMIC_SERVER_BIN``)."""
+    with private_nats_server(tmp_path_factory.mktemp("nats-atomic"), binary=NATS_ATOMIC_SERVER_BIN) as server:
+        yield server
+
+
+class TestNatsAtomicConformance(ConformanceSuite):
+    """Every check of the suite with atomic batches: streams that allow them on nats-server 2.12+ and
+    ``atomic = true`` (each batch one JetStream atomic batch, see ``_atomic.py``); the faults mid-batch
+    go through a proxy to that server."""
+
+    @pytest.fixture
+    async def conformance_target(self, nats_atomic_server: NatsServer) -> AsyncIterator[ConformanceTarget]:
+        url = nats_atomic_server.url
+        streams = StreamFactory(url)
+        names: dict[str, str] = {}  # subject -> stream
+
+        async def provision(name: str) -> str:
+            stream, prefix = await streams("confa", duplicate_window=120, allow_atomic=True)
+            names[f"{prefix}.events"] = stream
+            return f"{prefix}.events"
+
+        async def refuse(subject: str) -> str:
+            stream, prefix = await streams("refuseda", allow_atomic=True, max_msg_size=1)  # 10054: permanent
+            names[f"{prefix}.events"] = stream
+            return f"{prefix}.events"
+
+        def make(subject: str, servers: tuple[str, ...]) -> NatsTransport:
+            name = names.get(subject, "ORC_" + uuid.uuid4().hex[:8].upper())
+            spec = StreamSpec(name=name, subjects=(subject,), allow_atomic=True)
+            cfg = NatsConfig(
+                servers=servers, subject=subject, create_stream=spec, atomic=True, connect_timeout=1, ack_timeout=3
+            )
+            return NatsTransport(cfg, destination="conformance")
+
+        yield ConformanceTarget(
+            make_transport=lambda subject: make(subject, (url,)),
+            provision=provision,
+            make_unreachable=lambda subject: make(subject, (f"nats://127.0.0.1:{free_port()}",)),
+            unsupported={
+                "throttle": "JetStream never throttles with a retry hint (a full stream refuses or discards instead)",
+                **dict.fromkeys(("secret", "make_forbidden"), IN_CREDENTIALS_TARGET),
+            },
+            label="nats (private nats-server 2.12+, atomic batches)",
+            read_timeout=10.0,
+            upstream=lambda subject: ("127.0.0.1", nats_atomic_server.port),
             make_transport_via=lambda subject, host, port: make(subject, (f"nats://{host}:{port}",)),
             refuse_target=refuse,
             binding=NATS,

@@ -21,19 +21,23 @@ so a stream has one batch in flight at a time.
 Outcomes of one batch:
 
 * the pub ack: every member :class:`Delivered`;
-* no ack within ``ack_timeout``, no responders, a lost connection, or the
-  batch abandoned (10176, e.g. by a leader change): every member RetryLater —
-  nothing was stored, or (after a lost ack) all of it was, and the re-send
-  is deduplicated (below);
-* any other refusal — the batch cannot be atomic (more than the server's
-  1,000 messages, 10199), it holds a message id the stream already stored
-  (10201: a re-send after a lost ack; the server refuses the whole batch
-  rather than drop the duplicate), atomic publishing was turned off on the
-  stream (10174), or a refusal about one message (too large, wrong stream):
-  the members are sent again at once with one unacked message per stream
-  (:func:`~outrelay.core.transport.send_chained`, safe on a cluster), so each
-  gets its own outcome — a stored duplicate is then acked as one by the
-  duplicate window.
+* no ack within ``ack_timeout`` or a lost connection: every member
+  RetryLater — nothing was stored, or (after a lost ack) all of it was, and
+  the re-send is deduplicated (below);
+* an error answer, which means nothing of the batch was stored: abandoned
+  as incomplete (10176: a member lost on the way, e.g. in a leader change,
+  or members whose subjects belong to another JetStream stream), more
+  than the server's 1,000 messages (10199), a message id the stream
+  already stored (10201: a re-send after a lost ack; the server refuses the
+  whole batch rather than drop the duplicate), atomic publishing turned off
+  on the stream (10174), a refusal about one message (too large, wrong
+  stream), no responders: the members are sent again at once with one
+  unacked message per stream (:func:`~outrelay.core.transport.send_chained`,
+  safe on a cluster), so each gets its own outcome — a stored duplicate is
+  then acked as one by the duplicate window. (Retrying the batch as a whole
+  could refuse it forever.) A batch spans one JetStream stream: a
+  destination whose subjects fall into several streams pays that fallback
+  on every batch — give it one stream (``expected_stream``).
 
 A message that cannot be published at all (too large, bad subject) is
 Rejected before the batch is written and the later members of its stream are
@@ -56,6 +60,7 @@ from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._errors import result_for
 
 __all__ = ["ABANDONED", "DISABLED", "send_atomic"]
+
 
 log = logging.getLogger("outrelay.transports.nats")
 
@@ -130,13 +135,13 @@ async def _publish(
     assert commit is not None
     try:
         await asyncio.wait_for(commit, timeout)
-    except nats.js.errors.APIError as exc:
-        if exc.err_code == ABANDONED or (exc.code or 0) >= 500:  # nothing stored; a 5xx: no leader now
-            return [result_for(exc, m.target) for _, m, _ in members]  # RetryLater (see _errors.classify)
-        if exc.err_code == DISABLED:
+    except (nats.js.errors.APIError, nats.js.errors.NoStreamResponseError) as exc:
+        # an answer: the batch was not stored (abandoned as incomplete, too large, a stored duplicate,
+        # atomic turned off, a refused or stream-less member, no leader now): each member gets its own outcome
+        if isinstance(exc, nats.js.errors.APIError) and exc.err_code == DISABLED:
             on_disabled()
-        log.debug("atomic batch of %d refused (%s): sending it one message per stream", last, exc.description)
+        log.debug("atomic batch of %d not stored (%s): sending it one message per stream", last, exc)
         return await fallback([m for _, m, _ in members])
-    except (TimeoutError, nats.errors.Error, OSError) as exc:
+    except (TimeoutError, nats.errors.Error, OSError) as exc:  # no answer: it may be stored; retried (deduped)
         return [result_for(exc, m.target) for _, m, _ in members]
     return [Delivered() for _ in members]  # the commit's pub ack: the whole batch is stored
