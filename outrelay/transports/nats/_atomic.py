@@ -61,7 +61,6 @@ from outrelay.transports.nats._errors import result_for
 
 __all__ = ["ABANDONED", "DISABLED", "send_atomic"]
 
-
 log = logging.getLogger("outrelay.transports.nats")
 
 ABANDONED = 10176  # the batch was incomplete and abandoned (a gap, a leader change): nothing stored
@@ -90,6 +89,7 @@ async def send_atomic(
     halted: set[str] = set()
     for i, m in enumerate(batch):
         if m.key in halted:
+            # the wording of core.transport's held results ("not sent" is what hold_after_failures looks for)
             results[i] = RetryLater(f"not sent: an earlier event of stream {m.key!r} failed")
             continue
         prepared = prepare(m)

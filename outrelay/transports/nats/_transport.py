@@ -39,7 +39,9 @@ sent). The one case left is the server refusing message *k* of a stream
 while accepting *k+1* already on the wire: in a cluster, a stream leader
 change between the two; with ``discard=new`` limits, room appearing between
 them. ``pipeline = "auto"`` (the default) therefore pipelines only where that
-cannot happen — a stream that is neither replicated nor ``discard=new``, or
+cannot happen — a stream that is neither replicated nor ``discard=new``, one
+that takes each batch as an atomic batch (``atomic``, nats-server 2.12+,
+:mod:`~outrelay.transports.nats._atomic`: stored whole or not at all), or
 one the order guard protects — and elsewhere waits for each ack before
 publishing a stream's next message (``pipeline = false``: streams still go in
 parallel, one unacked message each, so even that case cannot reorder; a
