@@ -36,6 +36,7 @@ __all__ = [
     "nats_server",
     "nats_streams",
     "nats_url",
+    "one_stream",
     "private_nats_server",
 ]
 
@@ -98,6 +99,22 @@ class StreamFactory:
                     await js.delete_stream(name)
         finally:
             await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def one_stream(url: str, kind: str, **config: Any) -> AsyncIterator[tuple[str, str]]:
+    """A fresh stream ``OR_<KIND>_<tag>`` taking ``or.<kind>.<tag>.>`` (more ``config`` as ``add_stream``
+    takes it); yields ``(name, subject prefix)`` and deletes the stream afterwards."""
+    tag = uuid.uuid4().hex[:8]
+    name, prefix = f"OR_{kind}_{tag}".upper(), f"or.{kind}.{tag}"
+    nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=1)
+    try:
+        await nc.jetstream().add_stream(name=name, subjects=[f"{prefix}.>"], **config)
+        yield name, prefix
+    finally:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await nc.jetstream().delete_stream(name)
+        await nc.close()
 
 
 @pytest.fixture

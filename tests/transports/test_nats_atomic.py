@@ -9,8 +9,7 @@ in ``tests/cluster/test_nats_cluster.py`` (variant ``atomic``).
 from __future__ import annotations
 
 import contextlib
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import nats
@@ -24,7 +23,7 @@ from outrelay.transports.nats._atomic import ABANDONED
 from outrelay.transports.nats._config import NatsConfig, publish_mode
 from outrelay.transports.nats._errors import result_for
 from outrelay.transports.nats._transport import NatsTransport
-from tests.peers.nats import NATS_ATOMIC_SERVER_BIN, NatsServer, private_nats_server
+from tests.peers.nats import NATS_ATOMIC_SERVER_BIN, NatsServer, one_stream, private_nats_server
 
 
 @pytest.fixture(scope="module")
@@ -33,20 +32,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
         yield s
 
 
-@contextlib.asynccontextmanager
-async def _stream(url: str, **config: Any) -> AsyncIterator[tuple[str, str]]:
-    tag = uuid.uuid4().hex[:8]
-    name, prefix = f"OR_ATOMIC_{tag}".upper(), f"or.atomic.{tag}"
-    nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=1)
-    try:
-        await nc.jetstream().add_stream(
-            name=name, subjects=[f"{prefix}.>"], storage=nats.js.api.StorageType.MEMORY, **config
-        )
-        yield name, prefix
-    finally:
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await nc.jetstream().delete_stream(name)
-        await nc.close()
+def _stream(url: str, **config: Any) -> contextlib.AbstractAsyncContextManager[tuple[str, str]]:
+    return one_stream(url, "atomic", storage=nats.js.api.StorageType.MEMORY, **config)
 
 
 async def _stored(url: str, name: str) -> list[dict[str, str]]:

@@ -17,7 +17,7 @@ may appear).
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -36,6 +36,33 @@ from tests.services import free_port
 IN_CREDENTIALS_TARGET = (
     "run by TestNatsCredentials against a private nats-server with users (the shared one has no authorization)"
 )
+
+
+def _target(
+    make: Callable[[str, tuple[str, ...]], NatsTransport],
+    provision: Callable[[str], Awaitable[str]],
+    refuse: Callable[[str], Awaitable[str]],
+    url: str,
+    upstream: tuple[str, int],
+    label: str,
+) -> ConformanceTarget:
+    """The conformance target of the server at ``url``: ``make(subject, servers)`` builds a transport;
+    faults go through a proxy to ``upstream``; the credential checks run in :class:`TestNatsCredentials`."""
+    return ConformanceTarget(
+        make_transport=lambda subject: make(subject, (url,)),
+        provision=provision,
+        make_unreachable=lambda subject: make(subject, (f"nats://127.0.0.1:{free_port()}",)),
+        unsupported={
+            "throttle": "JetStream never throttles with a retry hint (a full stream refuses or discards instead)",
+            **dict.fromkeys(("secret", "make_forbidden"), IN_CREDENTIALS_TARGET),
+        },
+        label=label,
+        read_timeout=10.0,
+        upstream=lambda subject: upstream,
+        make_transport_via=lambda subject, host, port: make(subject, (f"nats://{host}:{port}",)),
+        refuse_target=refuse,
+        binding=NATS,
+    )
 
 
 class TestNatsConformance(ConformanceSuite):
@@ -73,21 +100,8 @@ class TestNatsConformance(ConformanceSuite):
             )
 
         parts = urlsplit(nats_url)
-        yield ConformanceTarget(
-            make_transport=lambda subject: make(subject, (nats_url,)),
-            provision=provision,
-            make_unreachable=lambda subject: make(subject, (f"nats://127.0.0.1:{free_port()}",)),
-            unsupported={
-                "throttle": "JetStream never throttles with a retry hint (a full stream refuses or discards instead)",
-                **dict.fromkeys(("secret", "make_forbidden"), IN_CREDENTIALS_TARGET),
-            },
-            label="nats (real nats-server 2.9 with JetStream)",
-            read_timeout=10.0,
-            upstream=lambda subject: (parts.hostname or "127.0.0.1", parts.port or 4222),
-            make_transport_via=lambda subject, host, port: make(subject, (f"nats://{host}:{port}",)),
-            refuse_target=refuse,
-            binding=NATS,
-        )
+        upstream = (parts.hostname or "127.0.0.1", parts.port or 4222)
+        yield _target(make, provision, refuse, nats_url, upstream, "nats (real nats-server 2.9 with JetStream)")
         await streams.delete_all()
 
 
@@ -127,21 +141,8 @@ class TestNatsAtomicConformance(ConformanceSuite):
             )
             return NatsTransport(cfg, destination="conformance")
 
-        yield ConformanceTarget(
-            make_transport=lambda subject: make(subject, (url,)),
-            provision=provision,
-            make_unreachable=lambda subject: make(subject, (f"nats://127.0.0.1:{free_port()}",)),
-            unsupported={
-                "throttle": "JetStream never throttles with a retry hint (a full stream refuses or discards instead)",
-                **dict.fromkeys(("secret", "make_forbidden"), IN_CREDENTIALS_TARGET),
-            },
-            label="nats (private nats-server 2.12+, atomic batches)",
-            read_timeout=10.0,
-            upstream=lambda subject: ("127.0.0.1", nats_atomic_server.port),
-            make_transport_via=lambda subject, host, port: make(subject, (f"nats://{host}:{port}",)),
-            refuse_target=refuse,
-            binding=NATS,
-        )
+        upstream = ("127.0.0.1", nats_atomic_server.port)
+        yield _target(make, provision, refuse, url, upstream, "nats (private nats-server 2.12+, atomic batches)")
         await streams.delete_all()
 
 

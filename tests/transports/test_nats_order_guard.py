@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -21,20 +19,11 @@ from outrelay import Delivered, Event, Message, Rejected, RetryLater
 from outrelay.transports.nats._chain import Chain, server_last_id
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._transport import NatsTransport
+from tests.peers.nats import one_stream
 
 
-@contextlib.asynccontextmanager
-async def _stream(url: str, **config: Any) -> AsyncIterator[tuple[str, str]]:
-    tag = uuid.uuid4().hex[:8]
-    name, prefix = f"OR_GUARD_{tag}".upper(), f"or.guard.{tag}"
-    nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=1)
-    try:
-        await nc.jetstream().add_stream(name=name, subjects=[f"{prefix}.>"], **config)
-        yield name, prefix
-    finally:
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await nc.jetstream().delete_stream(name)
-        await nc.close()
+def _stream(url: str, **config: Any) -> contextlib.AbstractAsyncContextManager[tuple[str, str]]:
+    return one_stream(url, "guard", **config)
 
 
 async def _stored(url: str, name: str) -> list[str]:
