@@ -153,9 +153,11 @@ class RelayMixin:
         blocks settles."""
         n = self.n
         pick = "" if only is None else "WHERE seq = ANY(%(only)s) "
+        # = ANY(ARRAY(...)), not IN (SELECT ...): with IN the planner hash-joins a sequential scan of the
+        # whole queue (a backlog of 200,000: 51 ms per routing of 2,000 instead of 3.8 ms)
         take = (
-            f"DELETE FROM {n.unrouted} WHERE seq IN (SELECT seq FROM {n.unrouted} {pick}"
-            "ORDER BY seq LIMIT %(lim)s) RETURNING seq, stream"
+            f"DELETE FROM {n.unrouted} WHERE seq = ANY(ARRAY(SELECT seq FROM {n.unrouted} {pick}"
+            "ORDER BY seq LIMIT %(lim)s)) RETURNING seq, stream"
         )
         if not dests:  # routed nowhere: only taken off the queue
             cur.execute(take, {"lim": limit, "only": only})
