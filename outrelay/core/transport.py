@@ -75,6 +75,7 @@ __all__ = [
     "Transport",
     "TransportConfig",
     "hold_after_failures",
+    "not_sent",
     "send_chained",
     "send_in_key_order",
     "send_in_waves",
@@ -267,7 +268,7 @@ class Transport(ABC):
         return f"<{type(self).__name__} destination={self.destination!r}>"
 
 
-def _not_sent(key: str) -> RetryLater:
+def not_sent(key: str) -> RetryLater:
     """The result of a message held back, unsent, because an earlier one of its key failed
     (:func:`hold_after_failures` recognises it by its ``"not sent"`` prefix)."""
     return RetryLater(f"not sent: an earlier event of stream {key!r} failed")
@@ -294,7 +295,7 @@ async def send_in_key_order(
             results[i] = r = await publish(batch[i])
             if not isinstance(r, Delivered):
                 for j in indexes[n + 1 :]:
-                    results[j] = _not_sent(batch[j].key)
+                    results[j] = not_sent(batch[j].key)
                 return
 
     await asyncio.gather(*(lane(ix) for ix in lanes.values()))
@@ -331,7 +332,7 @@ async def send_pipelined(
     halted: set[str] = set()
     for i, m in enumerate(batch):
         if m.key in halted:
-            results[i] = _not_sent(m.key)
+            results[i] = not_sent(m.key)
             continue
         begun = await start(m)
         if not isinstance(begun, asyncio.Future):  # a result: it was not written
@@ -409,7 +410,7 @@ async def send_chained(
 
     def halt(lane: list[int], n: int) -> None:
         for j in lane[n + 1 :]:
-            results[j] = _not_sent(batch[j].key)
+            results[j] = not_sent(batch[j].key)
 
     due = [(lane, 0) for lane in lanes.values()]  # the next message of each key to start
     deadlines: collections.deque[tuple[float, asyncio.Future[Any]]] = collections.deque()  # in start order

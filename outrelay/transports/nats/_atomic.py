@@ -55,7 +55,7 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 
-from outrelay.core.transport import Delivered, Message, RetryLater, SendResult, hold_after_failures
+from outrelay.core.transport import Delivered, Message, RetryLater, SendResult, hold_after_failures, not_sent
 from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._errors import result_for
 
@@ -89,8 +89,7 @@ async def send_atomic(
     halted: set[str] = set()
     for i, m in enumerate(batch):
         if m.key in halted:
-            # the wording of core.transport's held results ("not sent" is what hold_after_failures looks for)
-            results[i] = RetryLater(f"not sent: an earlier event of stream {m.key!r} failed")
+            results[i] = not_sent(m.key)
             continue
         prepared = prepare(m)
         if not isinstance(prepared, dict):
@@ -128,9 +127,7 @@ async def _publish(
                 commit = acks.stage(m.target, m.event.data, headers)
         await acks.flush()
     except (nats.errors.Error, OSError) as exc:  # nothing (or an incomplete batch the server abandons) went out
-        acks.unstage()
-        if commit is not None:
-            commit.cancel()
+        acks.unstage()  # cancels the commit's future if it was staged and not flushed
         return [result_for(exc, m.target) for _, m, _ in members]
     assert commit is not None
     try:

@@ -6,11 +6,10 @@ import asyncio
 import uuid
 
 import nats
-import nats.js.api
 from nats.aio.client import Client
 
 from outrelay.core.errors import PermanentError, RetryableError, TransportError
-from outrelay.transports.nats._config import NatsConfig, atomic_not_allowed, mask_url, publish_mode
+from outrelay.transports.nats._config import NatsConfig, atomic_not_allowed, mask_url, publish_mode, stream_traits
 from outrelay.transports.nats._errors import PublishDenied, classify, mapped
 
 __all__ = ["check"]
@@ -61,15 +60,10 @@ async def check(cfg: NatsConfig, destination: str, nc: Client, probe: str, denie
     await _probe_publish(cfg, destination, nc, probe, denied)
     window = info.config.duplicate_window or 0
     replicas = info.config.num_replicas or 1
-    allows_atomic = bool(info.config.allow_atomic)
-    if cfg.atomic is True and not allows_atomic:
+    traits = stream_traits(info.config)
+    if cfg.atomic is True and not traits["allows_atomic"]:
         raise PermanentError(atomic_not_allowed(stream), destination=destination)
-    mode = publish_mode(
-        cfg,
-        replicated=replicas > 1,
-        refuses=info.config.discard == nats.js.api.DiscardPolicy.NEW,
-        allows_atomic=allows_atomic,
-    )
+    mode = publish_mode(cfg, **traits)
     url = mask_url(nc.connected_url.geturl()) if nc.connected_url else cfg.where
     return (
         f"{url}: stream {stream!r} takes {probe!r} (dedupe window {window:g}s, {replicas} "

@@ -26,11 +26,12 @@ import re
 import ssl
 from typing import Any, Literal, NamedTuple
 
+import nats.js.api
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from outrelay.core.transport import TransportConfig
 
-__all__ = ["NatsConfig", "PublishMode", "StreamSpec", "atomic_not_allowed", "mask_url", "publish_mode"]
+__all__ = ["NatsConfig", "PublishMode", "StreamSpec", "atomic_not_allowed", "mask_url", "publish_mode", "stream_traits"]
 
 _URL_CREDS = re.compile(r"(?P<scheme>[a-z+]+://)(?P<userinfo>[^@/]+)@", re.IGNORECASE)
 
@@ -201,6 +202,15 @@ class PublishMode(NamedTuple):
         if self.guarded:
             return "pipelined, order guard on"
         return "pipelined" if self.pipelined else "one unacked message per stream"
+
+
+def stream_traits(config: nats.js.api.StreamConfig) -> dict[str, bool]:
+    """What :func:`publish_mode` needs from a stream's configuration, as keyword arguments."""
+    return {
+        "replicated": (config.num_replicas or 1) > 1,
+        "refuses": config.discard == nats.js.api.DiscardPolicy.NEW,
+        "allows_atomic": bool(config.allow_atomic),
+    }
 
 
 def publish_mode(cfg: NatsConfig, *, replicated: bool, refuses: bool, allows_atomic: bool) -> PublishMode:

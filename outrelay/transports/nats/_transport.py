@@ -98,7 +98,7 @@ from outrelay.core.transport import (
 from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._atomic import send_atomic
 from outrelay.transports.nats._chain import WRONG_LAST_MSG_ID, Chain, server_last_id, server_version
-from outrelay.transports.nats._config import NatsConfig, StreamSpec, atomic_not_allowed, publish_mode
+from outrelay.transports.nats._config import NatsConfig, StreamSpec, atomic_not_allowed, publish_mode, stream_traits
 from outrelay.transports.nats._connect import connect, drop_unsent
 from outrelay.transports.nats._errors import (
     classify,
@@ -237,7 +237,8 @@ class NatsTransport(Transport):
         """
         name = self.cfg.expected_stream or (self.cfg.create_stream.name if self.cfg.create_stream else None)
         cfg = self.cfg
-        guard, replicated, refuses, allows_atomic = cfg.order_guard == "last-msg-id", False, False, False
+        guard = cfg.order_guard == "last-msg-id"
+        traits = {"replicated": False, "refuses": False, "allows_atomic": False}  # until the stream is read
         known = False  # the stream's configuration was read
         try:
             if name is None and self._template.is_static:
@@ -245,14 +246,12 @@ class NatsTransport(Transport):
             if name is not None:
                 info = await js.stream_info(name)
                 self._dedupe_window = info.config.duplicate_window or None
-                replicated = (info.config.num_replicas or 1) > 1
-                refuses = info.config.discard == nats.js.api.DiscardPolicy.NEW
-                allows_atomic = bool(info.config.allow_atomic)
+                traits = stream_traits(info.config)
                 known = True
         except (TimeoutError, nats.errors.Error) as exc:
             # not fatal: publishing reports a missing stream per message
             log.debug("destination %s: no stream info: %s", self.destination, classify(exc)[1])
-        if guard and replicated:
+        if guard and traits["replicated"]:
             version = ".".join(map(str, server_version(nc)))
             raise PermanentError(
                 f'order_guard = "last-msg-id" is not supported on replicated stream {name!r} (nats-server {version}): '
@@ -261,7 +260,7 @@ class NatsTransport(Transport):
                 "per-stream order on a cluster)",
                 destination=self.destination,
             )
-        if cfg.atomic is True and not allows_atomic:
+        if cfg.atomic is True and not traits["allows_atomic"]:
             if name is not None and not known:  # it may answer on the next attempt (a cluster electing)
                 raise RetryableError(
                     f"atomic = true: cannot read the configuration of stream {name!r} to check that it allows "
@@ -271,7 +270,7 @@ class NatsTransport(Transport):
             raise PermanentError(
                 atomic_not_allowed(name or "(unknown: set expected_stream)"), destination=self.destination
             )
-        mode = publish_mode(cfg, replicated=replicated, refuses=refuses, allows_atomic=allows_atomic)
+        mode = publish_mode(cfg, **traits)
         self._atomic, self._pipelined = mode.atomic, mode.pipelined
         # guarded implies a known stream: "auto" guards only a stream whose configuration was read, and an
         # explicit guard needs expected_stream or create_stream (NatsConfig)
