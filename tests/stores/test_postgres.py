@@ -13,6 +13,7 @@ import pytest
 
 from outrelay import Event, Outbox
 from outrelay.core.errors import ConfigError, EventError, StoreError
+from outrelay.core.stores.base import Settlement
 from outrelay.core.stores.postgres import PostgresStore
 from outrelay.core.stores.postgres_schema import MIGRATIONS
 from tests.stores.conftest import pg_admin_url, pg_url
@@ -41,7 +42,6 @@ def drain_ids(store: PostgresStore, dest: str = "d") -> list[str]:
     """Route everything, claim, deliver; return the event ids in claim order."""
     out: list[str] = []
     store.route(lambda e: [dest], 10_000, T0)
-    from outrelay.core.stores.base import Settlement
 
     while got := store.claim(dest, limit=100, per_lane=100, owner="t", lease_seconds=30, now=T0):
         out += [c.event.id for c in got]
@@ -303,7 +303,7 @@ class TestSchemaOptions:
                 )  # fmt: skip
         store = PostgresStore(pg_url(pg_schema))
         try:
-            assert store.migrations_applied == [4] and store.unrouted() == 2
+            assert store.migrations_applied == list(range(4, len(MIGRATIONS) + 1)) and store.unrouted() == 2
             assert store.route(lambda e: ["d"], 100, T0) == 2
             claimed = store.claim("d", limit=10, per_lane=10, owner="r", lease_seconds=30, now=T0)
             assert sorted(c.event.id for c in claimed) == sorted(e.id for e in old[1:])
@@ -321,6 +321,80 @@ class TestSchemaOptions:
             with psycopg.connect(pg_admin_url(), autocommit=True) as conn:  # an operator deletes one by hand
                 conn.execute(f"DELETE FROM {names.events} WHERE id = %s", (new.id,))
             assert store.unrouted() == 2 and store.route(lambda e: ["d"], 100, T0) == 2 and store.unrouted() == 0
+        finally:
+            store.close()
+
+    def test_deliveries_key_migration_keeps_pending_deliveries(self, pg_schema: str) -> None:
+        """An outbox at schema version 4 (deliveries keyed to events) migrates to version 5: the key
+        is gone, the trigger that replaces it is there, deliveries queued before the upgrade are
+        claimed and settled as before."""
+        import orjson
+
+        from outrelay.core.stores.postgres_schema import Names, _bootstrap
+
+        names = Names(pg_schema, "outrelay_")
+        old = [ev("a", 1), ev("a", 2), ev("b", 3)]
+        with psycopg.connect(pg_admin_url(), autocommit=True) as conn, conn.transaction():
+            for stmt in _bootstrap(names):
+                conn.execute(stmt)
+            for version, (name, stmts) in enumerate(MIGRATIONS[:4], start=1):
+                for stmt in stmts:
+                    conn.execute(names.fill(stmt))
+                conn.execute(f"INSERT INTO {names.migrations} (version, name) VALUES (%s, %s)", (version, name))
+            for e in old:
+                conn.execute(
+                    f"INSERT INTO {names.events} (id, stream, type, time, attrs, data) "
+                    "VALUES (%s, %s, %s, %s, %s::jsonb, %s)",
+                    (e.id, e.stream, e.type, e.time.timestamp(), orjson.dumps(e.attributes()).decode(), e.data),
+                )
+            # what a version-4 relay's routing leaves: the queue emptied into deliveries and lanes
+            conn.execute(
+                f"WITH q AS (DELETE FROM {names.unrouted} RETURNING seq, stream) "
+                f"INSERT INTO {names.deliveries} (destination, stream, event_seq, created_at) "
+                "SELECT 'd', stream, seq, 0 FROM q ORDER BY seq"
+            )
+            conn.execute(
+                f"INSERT INTO {names.lanes} (destination, stream, due_at, pending) "
+                "VALUES ('d', 'a', 0, 2), ('d', 'b', 0, 1)"
+            )
+            keys = (
+                f"SELECT count(*) FROM pg_constraint WHERE conrelid = '{names.deliveries}'::regclass AND contype = 'f'"
+            )
+            assert conn.execute(keys).fetchone() == (1,)
+        store = PostgresStore(pg_url(pg_schema))
+        try:
+            assert store.migrations_applied == [5]
+            with psycopg.connect(pg_admin_url(), autocommit=True) as conn:
+                assert conn.execute(keys).fetchone() == (0,)
+                trigger = "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal ORDER BY 1"
+                assert [r[0] for r in conn.execute(trigger, (names.events,))] == [
+                    "outrelay_events_deleted", "outrelay_queue_appended",
+                ]  # fmt: skip
+            claimed = store.claim("d", limit=10, per_lane=10, owner="r", lease_seconds=30, now=T0)
+            assert [c.event.id for c in claimed] == [e.id for e in old]
+            store.settle("d", "r", [Settlement(c.delivery_id, c.event.stream, "delivered") for c in claimed], T0)
+            assert store.next_due("d") is None and store.status(["d"], T0)[0].pending == 0
+        finally:
+            store.close()
+
+    def test_event_deleted_by_hand_takes_its_deliveries_with_it(self, pg_schema: str) -> None:
+        """Without the deliveries' foreign key, an event an operator deletes by hand (which the key
+        used to refuse while it had deliveries) takes its deliveries with it: the rest of its lane is
+        claimed in order and the lane goes away once settled, instead of staying due forever for a
+        delivery nothing can send."""
+        store = PostgresStore(pg_url(pg_schema))
+        try:
+            events = [ev("a", i) for i in range(3)]
+            store.append(events)
+            assert store.route(lambda e: ["d"], 100, T0) == 3
+            with psycopg.connect(pg_admin_url(), autocommit=True) as conn:
+                conn.execute(f"DELETE FROM {store.n.events} WHERE id = %s", (events[1].id,))
+                assert conn.execute(f"SELECT count(*) FROM {store.n.deliveries}").fetchone() == (2,)
+            claimed = store.claim("d", limit=10, per_lane=10, owner="r", lease_seconds=30, now=T0)
+            assert [c.event.id for c in claimed] == [events[0].id, events[2].id]
+            store.settle("d", "r", [Settlement(c.delivery_id, c.event.stream, "delivered") for c in claimed], T0)
+            assert store.claim("d", limit=10, per_lane=10, owner="r", lease_seconds=30, now=T0 + 1) == []
+            assert store.next_due("d") is None
         finally:
             store.close()
 

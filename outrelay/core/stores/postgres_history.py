@@ -89,7 +89,9 @@ class HistoryMixin(PostgresParts):
 
         def fn(cur: Cursor) -> int:
             cur.execute(
-                f"SELECT seq, stream FROM {n.events} e WHERE seq = ANY(%s) AND {n.routed('e.seq')} ORDER BY seq",
+                # locked as the deliveries' key did (FOR KEY SHARE): a prune skips them until this commits
+                f"SELECT seq, stream FROM {n.events} e WHERE seq = ANY(%s) AND {n.routed('e.seq')} "
+                "ORDER BY seq FOR KEY SHARE",
                 (list(sequences),),
             )
             rows = cur.fetchall()

@@ -211,22 +211,24 @@ class OperatorMixin(PostgresParts):
         n = self.n
 
         def fn(cur: Cursor) -> int:
-            where = f"seq > %s AND {n.routed(f'{n.events}.seq')}" + (" AND stream = %s" if stream is not None else "")
-            args: list[Any] = [after] + ([stream] if stream is not None else [])
+            where = f"seq > %(after)s AND {n.routed(f'{n.events}.seq')}" + (
+                " AND stream = %(stream)s" if stream is not None else ""
+            )
+            args: dict[str, Any] = {"after": after, "stream": stream}
             cur.execute(f"SELECT DISTINCT stream FROM {n.events} WHERE {where} ORDER BY stream", args)
             self._lock_lanes(cur, {(destination, r[0]) for r in cur.fetchall()})
+            # the events are locked as they are queued (FOR KEY SHARE: a prune skips them), and the lanes
+            # count exactly the deliveries inserted
             cur.execute(
-                f"INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "
-                f"SELECT %s, stream, seq, %s FROM {n.events} WHERE {where} ORDER BY seq",
-                [destination, now, *args],
+                f"WITH ins AS (INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "
+                f"  SELECT %(dest)s, stream, seq, %(now)s FROM (SELECT stream, seq FROM {n.events} WHERE {where} "
+                "  ORDER BY seq FOR KEY SHARE) e ORDER BY seq RETURNING stream), "
+                f"up AS (INSERT INTO {n.lanes} (destination, stream, due_at, pending) "
+                "  SELECT %(dest)s, stream, %(now)s, count(*) FROM ins GROUP BY stream ORDER BY stream "
+                f"  ON CONFLICT (destination, stream) DO UPDATE SET pending = {n.lanes}.pending + excluded.pending) "
+                "SELECT count(*) FROM ins",
+                {"dest": destination, "now": now, **args},
             )
-            count = cur.rowcount
-            cur.execute(
-                f"INSERT INTO {n.lanes} (destination, stream, due_at, pending) "
-                f"SELECT %s, stream, %s, COUNT(*) FROM {n.events} WHERE {where} GROUP BY stream ORDER BY stream "
-                f"ON CONFLICT (destination, stream) DO UPDATE SET pending = {n.lanes}.pending + excluded.pending",
-                [destination, now, *args],
-            )
-            return count
+            return int(cur.fetchone()[0])  # type: ignore[index]
 
         return self._run(fn)
