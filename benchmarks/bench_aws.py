@@ -108,7 +108,9 @@ def main() -> None:
         port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.peers.moto", "-H", "127.0.0.1", "-p", str(port)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         if not wait_port("127.0.0.1", port, 30):
             sys.exit("moto did not start")
@@ -119,11 +121,21 @@ def main() -> None:
         for service in ("sqs", "sns"):
             key = "queue_url" if service == "sqs" else "topic_arn"
             for fifo in (False, True):
-                raw = raw_rate(service, endpoint, make_target(service, endpoint, fifo),
-                               events(args.events, args.streams), fifo, args.workers)
+                raw = raw_rate(
+                    service,
+                    endpoint,
+                    make_target(service, endpoint, fifo),
+                    events(args.events, args.streams),
+                    fifo,
+                    args.workers,
+                )
                 dest = {
-                    "transport": service, key: make_target(service, endpoint, fifo), **aws_options(endpoint),
-                    "max_workers": args.workers, "batch_size": 100, "max_in_flight": 8,
+                    "transport": service,
+                    key: make_target(service, endpoint, fifo),
+                    **aws_options(endpoint),
+                    "max_workers": args.workers,
+                    "batch_size": 100,
+                    "max_in_flight": 8,
                 }
                 rel = asyncio.run(relay_rate(endpoint, dest, events(args.events, args.streams)))
                 label = f"{service} {'FIFO' if fifo else 'standard'}"

@@ -125,8 +125,10 @@ def main() -> None:
                 rates[name].append(drain(store, chunk))
         med = {name: statistics.median(r) for name, r in rates.items()}
         for name, r in rates.items():
-            print(f"{name:8} drain {args.drain} deliveries in {args.rounds} rounds: median {med[name]:7.0f}/s "
-                  f"(rounds: {', '.join(f'{x:.0f}' for x in r)})")
+            print(
+                f"{name:8} drain {args.drain} deliveries in {args.rounds} rounds: median {med[name]:7.0f}/s "
+                f"(rounds: {', '.join(f'{x:.0f}' for x in r)})"
+            )
         print(f"ratio big/small     = {med['big'] / med['small']:.2f}  ({args.big:,} vs {small_n:,} pending)")
         print(f"ratio history/small = {med['history'] / med['small']:.2f}  ({args.big:,} delivered events of history)")
     finally:

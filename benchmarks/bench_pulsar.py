@@ -45,7 +45,10 @@ def events(n: int, streams: int) -> list[Event]:
 def raw_rate(url: str, topic: str, evs: list[Event]) -> float:
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     producer = client.create_producer(
-        topic, batching_enabled=True, batching_max_publish_delay_ms=5, max_pending_messages=10_000,
+        topic,
+        batching_enabled=True,
+        batching_max_publish_delay_ms=5,
+        max_pending_messages=10_000,
         block_if_queue_full=True,
     )
     prepared = [(e.data, properties(e), e.stream) for e in evs]
@@ -101,7 +104,9 @@ def main() -> None:
         port = free_port()
         proc = subprocess.Popen(
             [str(binary), "--addr", f"127.0.0.1:{port}", "--db-path", f"{tmp.name}/db", "--log-level", "warn"],
-            cwd=tmp.name, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=tmp.name,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         if not wait_port("127.0.0.1", port, 30):
             sys.exit("pulsar-lite did not start")

@@ -108,8 +108,14 @@ async def relay(
         outbox = Outbox.open(db)
         for lo in range(0, len(events), 10_000):
             outbox.append(events[lo : lo + 10_000])
-        dest = {"transport": "webhook", "url": url, **options, "batch_size": args.batch_size,
-                "max_in_flight": args.in_flight, "per_stream": args.per_stream}
+        dest = {
+            "transport": "webhook",
+            "url": url,
+            **options,
+            "batch_size": args.batch_size,
+            "max_in_flight": args.in_flight,
+            "per_stream": args.per_stream,
+        }
         cfg = parse_config({"outbox": {"url": db}, "destinations": {"d": dest}})
         started, cpu = time.perf_counter(), time.process_time()
         summary = await Relay(outbox, cfg).run(drain=True)
@@ -131,15 +137,19 @@ async def bench(url: str, args: argparse.Namespace) -> None:
     after, cpu_after = await raw_aiohttp(url, make_events(n, args.streams, args.size, "aiohttp2"), args.concurrency)
     raw_cpu = 1000 * (cpu_before + cpu_after) / (2 * n)
     print(f"raw aiohttp:           {raw_line(n, before, after)}, client CPU {raw_cpu:.3f} ms/event")
-    print(f"relay SQLite->webhook: {n / relay_secs:10.0f} ev/s ({n:,} events in {relay_secs:.1f}s), "
-          f"relay process CPU {1000 * cpu / n:.3f} ms/event")
+    print(
+        f"relay SQLite->webhook: {n / relay_secs:10.0f} ev/s ({n:,} events in {relay_secs:.1f}s), "
+        f"relay process CPU {1000 * cpu / n:.3f} ms/event"
+    )
     print(f"relay / raw aiohttp:   {ratio(n, relay_secs, before, after):.2f}  (target >= 0.8)")
 
 
 async def main(args: argparse.Namespace) -> None:
-    print(f"{args.count:,} events of {args.size} B over {args.streams} streams; concurrency {args.concurrency}, "
-          f"batch {args.batch_size}, in flight {args.in_flight}, receiver "
-          + ("in-process" if args.in_process else "in a child process"))
+    print(
+        f"{args.count:,} events of {args.size} B over {args.streams} streams; concurrency {args.concurrency}, "
+        f"batch {args.batch_size}, in flight {args.in_flight}, receiver "
+        + ("in-process" if args.in_process else "in a child process")
+    )
     if args.in_process:
         async with WebhookReceiver(secrets=SECRET) as rx:
             await bench(rx.url + "/hook", args)

@@ -1,6 +1,6 @@
 """Append events in an async psycopg 3 transaction with ``Outbox.aappend``.
 
-    python examples/postgres_append_async.py [postgresql://user@host/db]
+python examples/postgres_append_async.py [postgresql://user@host/db]
 """
 
 from __future__ import annotations

@@ -84,7 +84,6 @@ class TestCrossProcessWakeUp:
             store.close()
             other.close()
 
-
     def test_watcher_checks_at_the_slow_cadence_while_writes_add_no_events(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -86,5 +86,3 @@ async def rabbitmq_exchanges(rabbitmq_url: str) -> AsyncIterator[ExchangeFactory
     factory = ExchangeFactory(rabbitmq_url)
     yield factory
     await factory.delete_all()
-
-

@@ -326,7 +326,6 @@ class TestSubscribers:
             dlq.close()
         assert [e.json()["card"] for e in got] == ["4111-1111"] and not is_sealed(got[0])
 
-
     async def test_bus_from_config_decrypts_with_the_configured_keys(
         self, tmp_path: Path, keys: dict[str, str], monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -33,8 +33,9 @@ def _properties(**values: object) -> Properties:
     return Properties(**base)  # type: ignore[arg-type]
 
 
-def _aiormq_bytes(channel: int, exchange: str, key: str, mandatory: bool, props: Properties, body: bytes,
-                  max_content: int) -> bytes:
+def _aiormq_bytes(
+    channel: int, exchange: str, key: str, mandatory: bool, props: Properties, body: bytes, max_content: int
+) -> bytes:
     """What aiormq's basic_publish puts on the write queue for the same message (its own code path)."""
     frames: list[object] = [
         spec.Basic.Publish(exchange=exchange, routing_key=key, mandatory=mandatory),

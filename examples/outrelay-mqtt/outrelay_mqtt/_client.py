@@ -158,8 +158,10 @@ class Bridge:
             )
         except (OSError, TimeoutError) as exc:
             raise RetryableError(
-                redact(f"{self.where}: cannot connect to {self.host}:{self.port} ({type(exc).__name__}: {exc}); "
-                       "is the broker running?")
+                redact(
+                    f"{self.where}: cannot connect to {self.host}:{self.port} ({type(exc).__name__}: {exc}); "
+                    "is the broker running?"
+                )
             ) from exc
         self.client.loop_start()
         self._started = True

@@ -8,7 +8,9 @@ import pytest
 
 from outrelay.kit import Delivered, Event, Message, PermanentError, Rejected, RetryableError, RetryLater
 
-pytest.importorskip("outrelay_mqtt", reason="the example plugin is not installed: pip install -e examples/outrelay-mqtt")  # noqa: E501
+pytest.importorskip(
+    "outrelay_mqtt", reason="the example plugin is not installed: pip install -e examples/outrelay-mqtt"
+)
 from outrelay_mqtt import MqttConfig, MqttTransport
 from outrelay_mqtt._client import publish_properties
 from outrelay_mqtt._transport import outcome_of

@@ -30,11 +30,22 @@ __all__ = ["PERMANENT", "Acks", "call_blocking", "map_pulsar_errors", "outcome"]
 
 T = TypeVar("T")
 
-PERMANENT = frozenset({
-    "MessageTooBig", "InvalidMessage", "InvalidTopicName", "TopicTerminated", "IncompatibleSchema",
-    "NotAllowedError", "OperationNotSupported", "InvalidConfiguration", "InvalidUrl", "CryptoError",
-    "AuthenticationError", "AuthorizationError",
-})
+PERMANENT = frozenset(
+    {
+        "MessageTooBig",
+        "InvalidMessage",
+        "InvalidTopicName",
+        "TopicTerminated",
+        "IncompatibleSchema",
+        "NotAllowedError",
+        "OperationNotSupported",
+        "InvalidConfiguration",
+        "InvalidUrl",
+        "CryptoError",
+        "AuthenticationError",
+        "AuthorizationError",
+    }
+)
 #: refusals of who is asking, not of the message: stop the destination rather than dead-letter its events
 DENIED = frozenset({"AuthenticationError", "AuthorizationError"})
 
@@ -110,4 +121,3 @@ def outcome(result: Any) -> SendResult:
     if name in PERMANENT:
         return Rejected(f"pulsar: {name}")
     return RetryLater(f"pulsar: {name}")
-

@@ -48,7 +48,10 @@ class PulsarReader(Reader):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="outrelay-pulsar-reader")
         self.client = self.transport.make_client()
         self.consumer = await self._call(
-            f"pulsar subscribe {self.topic}", self.client.subscribe, self.topic, self.subscription,
+            f"pulsar subscribe {self.topic}",
+            self.client.subscribe,
+            self.topic,
+            self.subscription,
             consumer_type=pulsar.ConsumerType.Exclusive,
             initial_position=pulsar.InitialPosition.Latest,
         )

@@ -266,7 +266,6 @@ class PulsarTransport(Transport):
                 confirmed.clear()
             confirmed.add(seq)
 
-
     async def close(self) -> None:
         producers = [*self._named.values(), *self._plain.values()]
         self._named.clear()
@@ -299,7 +298,8 @@ class PulsarTransport(Transport):
         except TransportError as exc:
             raise type(exc)(
                 f"{exc}; check service_url {self.cfg.service_url}, the token/TLS settings and that topic {topic} "
-                "may be produced to", destination=self.destination,
+                "may be produced to",
+                destination=self.destination,
             ) from exc
         finally:
             if not was_open:
