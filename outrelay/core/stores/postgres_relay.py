@@ -398,7 +398,8 @@ _CLAIM_SQL = (
     "  CROSS JOIN LATERAL (SELECT id, attempts, first_attempt_at, event_seq FROM {n.deliveries} "
     "    WHERE destination = %(dest)s AND stream = l.stream ORDER BY id LIMIT %(per_lane)s) d "
     "  ORDER BY l.o, d.id LIMIT %(lim)s), "
-    "sized AS MATERIALIZED (SELECT h.*, e.attrs, row_number() OVER w AS rn, sum(octet_length(e.data)) OVER w AS run "
+    "sized AS MATERIALIZED (SELECT h.*, e.ctid AS tid, e.attrs, row_number() OVER w AS rn, "
+    "  sum(octet_length(e.data)) OVER w AS run "
     "  FROM head h JOIN {n.events} e ON e.seq = h.event_seq WINDOW w AS (ORDER BY h.o, h.id)), "
     # running sums grow along the order, so this keeps a prefix of each lane; the first row always
     "picked AS MATERIALIZED (SELECT * FROM sized WHERE rn = 1 OR run <= %(budget)s), "
@@ -408,8 +409,10 @@ _CLAIM_SQL = (
     "empty AS (DELETE FROM {n.lanes} l WHERE destination = %(dest)s "
     "  AND (SELECT count(*) FROM head) < %(lim)s AND stream = ANY(%(locked)s) "
     "  AND NOT EXISTS (SELECT 1 FROM {n.deliveries} d WHERE d.destination = l.destination AND d.stream = l.stream)) "
+    # the data by the row's address found above (a TID scan: no second descent of the events' key; event
+    # rows are never updated, and this statement's snapshot sees the version it found)
     "SELECT p.id, p.attempts, p.first_attempt_at, p.event_seq, p.attrs, e.data "
-    "FROM picked p JOIN {n.events} e ON e.seq = p.event_seq ORDER BY p.rn"
+    "FROM picked p JOIN {n.events} e ON e.ctid = p.tid ORDER BY p.rn"
 )
 
 #: settle's second statement (lanes ``owned`` are locked): delete the delivered/dead deliveries of
