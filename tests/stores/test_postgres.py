@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -15,7 +16,7 @@ from outrelay import Event, Outbox
 from outrelay.core.errors import ConfigError, EventError, StoreError
 from outrelay.core.stores.base import Settlement
 from outrelay.core.stores.postgres import PostgresStore
-from outrelay.core.stores.postgres_schema import MIGRATIONS
+from outrelay.core.stores.postgres_schema import MIGRATIONS, Names, _bootstrap
 from tests.stores.conftest import pg_admin_url, pg_url
 
 T0 = 1_000_000.0
@@ -23,6 +24,16 @@ T0 = 1_000_000.0
 
 def ev(stream: str = "s", n: int = 0) -> Event:
     return Event(type="order.created", stream=stream, data={"n": n})
+
+
+def migrate_to(conn: psycopg.Connection[Any], names: Names, version: int) -> None:
+    """Bring the outbox ``names`` to schema ``version`` the way that version's outrelay left it."""
+    for stmt in _bootstrap(names):
+        conn.execute(stmt)
+    for v, (name, stmts) in enumerate(MIGRATIONS[:version], start=1):
+        for stmt in stmts:
+            conn.execute(names.fill(stmt))
+        conn.execute(f"INSERT INTO {names.migrations} (version, name) VALUES (%s, %s)", (v, name))
 
 
 @pytest.fixture
@@ -283,17 +294,10 @@ class TestSchemaOptions:
         hand leaves the queue with it."""
         import orjson
 
-        from outrelay.core.stores.postgres_schema import Names, _bootstrap
-
         names = Names(pg_schema, "outrelay_")
         old = [ev("a", 1), ev("b", 2), ev("c", 3)]
         with psycopg.connect(pg_admin_url(), autocommit=True) as conn, conn.transaction():
-            for stmt in _bootstrap(names):
-                conn.execute(stmt)
-            for version, (name, stmts) in enumerate(MIGRATIONS[:3], start=1):
-                for stmt in stmts:
-                    conn.execute(names.fill(stmt))
-                conn.execute(f"INSERT INTO {names.migrations} (version, name) VALUES (%s, %s)", (version, name))
+            migrate_to(conn, names, 3)
             for e, routed in zip(old, (True, False, False), strict=True):
                 conn.execute(
                     f"INSERT INTO {names.events} (id, stream, type, tenant, time, attrs, data, routed) "
@@ -330,17 +334,10 @@ class TestSchemaOptions:
         claimed and settled as before."""
         import orjson
 
-        from outrelay.core.stores.postgres_schema import Names, _bootstrap
-
         names = Names(pg_schema, "outrelay_")
         old = [ev("a", 1), ev("a", 2), ev("b", 3)]
         with psycopg.connect(pg_admin_url(), autocommit=True) as conn, conn.transaction():
-            for stmt in _bootstrap(names):
-                conn.execute(stmt)
-            for version, (name, stmts) in enumerate(MIGRATIONS[:4], start=1):
-                for stmt in stmts:
-                    conn.execute(names.fill(stmt))
-                conn.execute(f"INSERT INTO {names.migrations} (version, name) VALUES (%s, %s)", (version, name))
+            migrate_to(conn, names, 4)
             for e in old:
                 conn.execute(
                     f"INSERT INTO {names.events} (id, stream, type, time, attrs, data) "
