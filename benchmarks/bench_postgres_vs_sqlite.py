@@ -1,11 +1,17 @@
 """PostgreSQL outbox against SQLite outbox, relayed into the memory transport.
 
-    python benchmarks/bench_postgres_vs_sqlite.py [--count 50000] [--streams 100] [--size 1024] [--mode both]
+    python benchmarks/bench_postgres_vs_sqlite.py [--count 50000] [--streams 100] [--size 1024]
+        [--mode both] [--rounds 1]
 
 ``--mode compare`` (part of ``both``): the same ``--count`` events are
 appended (untimed) to a fresh SQLite file and to a fresh PostgreSQL schema,
 then each is drained by ``Relay(drain=True)`` into the memory transport in
 this process; prints both rates and PostgreSQL/SQLite (target ≥ 0.8).
+``--rounds N`` repeats the pair N times (fresh file and schema each time) and
+prints the median ratio: on a shared machine one pair's ratio moves by ±0.15.
+Each line also gives the CPU per event: this process's (the relay; its store
+threads included) and, for a PostgreSQL on this host, the server's (every
+``postgres`` process's CPU, from ``/proc``), which move far less than ev/s.
 
 ``--mode relays`` (part of ``both``): the events are appended to a fresh
 PostgreSQL schema and drained by 1, then (on a fresh schema) by 3 relay
@@ -23,6 +29,7 @@ import argparse
 import asyncio
 import cProfile
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +69,27 @@ def fill(url: str, count: int, streams: int, size: int) -> None:
     outbox.close()
 
 
+def server_cpu() -> float | None:
+    """CPU seconds of every ``postgres`` process on this host so far (exited backends are in their
+    parent's children times), or None where ``/proc`` is not readable."""
+    total = 0
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if "postgres" not in stat[stat.index("(") + 1 : stat.rindex(")")]:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return total / os.sysconf("SC_CLK_TCK") if total else None
+
+
 def drain(url: str, broker: str, count: int | None, profile: str | None = None) -> tuple[float, int]:
     """Drain the outbox at ``url`` into memory broker ``broker``; returns (seconds, delivered)."""
     outbox = Outbox.open(url)
@@ -92,21 +120,36 @@ def drop(schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def compare(count: int, streams: int, size: int, profile: str | None) -> None:
-    with tempfile.TemporaryDirectory() as d:
-        lite = f"sqlite:///{Path(d) / 'outbox.db'}"
-        fill(lite, count, streams, size)
-        lite_s, _ = drain(lite, "lite", count)
-    schema, pg = pg_schema_url()
-    try:
-        fill(pg, count, streams, size)
-        pg_s, _ = drain(pg, "pg", count, profile)
-    finally:
-        drop(schema)
-    lite_rate, pg_rate = count / lite_s, count / pg_s
-    print(f"SQLite     -> memory: {lite_rate:8,.0f} ev/s ({count} events, {streams} streams, {size} B, {lite_s:.1f}s)")
-    print(f"PostgreSQL -> memory: {pg_rate:8,.0f} ev/s ({pg_s:.1f}s)")
-    print(f"ratio PostgreSQL/SQLite: {pg_rate / lite_rate:.2f} (target >= 0.8)")
+def compare(count: int, streams: int, size: int, profile: str | None, rounds: int = 1) -> None:
+    ratios = []
+    for n in range(1, rounds + 1):
+        with tempfile.TemporaryDirectory() as d:
+            lite = f"sqlite:///{Path(d) / 'outbox.db'}"
+            fill(lite, count, streams, size)
+            cpu = time.process_time()
+            lite_s, _ = drain(lite, f"lite{n}", count)
+            lite_cpu = time.process_time() - cpu
+        schema, pg = pg_schema_url()
+        try:
+            fill(pg, count, streams, size)
+            cpu, server = time.process_time(), server_cpu()
+            pg_s, _ = drain(pg, f"pg{n}", count, profile)
+            pg_cpu, after = time.process_time() - cpu, server_cpu()
+        finally:
+            drop(schema)
+        lite_rate, pg_rate = count / lite_s, count / pg_s
+        ratios.append(pg_rate / lite_rate)
+        us = 1e6 / count
+        served = f", server {(after - server) * us:.1f}" if server is not None and after is not None else ""
+        print(
+            f"SQLite     -> memory: {lite_rate:8,.0f} ev/s ({count} events, {streams} streams, {size} B, {lite_s:.1f}s)"
+        )
+        print(f"PostgreSQL -> memory: {pg_rate:8,.0f} ev/s ({pg_s:.1f}s)")
+        print(f"CPU per event: SQLite relay {lite_cpu * us:.1f} µs; PostgreSQL relay {pg_cpu * us:.1f}{served} µs")
+        print(f"ratio PostgreSQL/SQLite: {pg_rate / lite_rate:.2f} (target >= 0.8)")
+    if rounds > 1:
+        listed = ", ".join(f"{r:.2f}" for r in ratios)
+        print(f"median ratio PostgreSQL/SQLite over {rounds} rounds: {statistics.median(ratios):.2f} ({listed})")
 
 
 def processes(url: str, n: int) -> tuple[float, int]:
@@ -165,6 +208,7 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=100)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--mode", choices=("compare", "relays", "both"), default="both")
+    ap.add_argument("--rounds", type=int, default=1, help="compare: repeat the pair and print the median ratio")
     ap.add_argument("--profile", help="write a cProfile of the PostgreSQL drain here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -172,7 +216,7 @@ def main() -> None:
         child(args.child)
         return
     if args.mode in ("compare", "both"):
-        compare(args.count, args.streams, args.size, args.profile)
+        compare(args.count, args.streams, args.size, args.profile, args.rounds)
     if args.mode in ("relays", "both"):
         relays(args.count, args.streams, args.size)
 
