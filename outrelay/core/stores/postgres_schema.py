@@ -149,7 +149,7 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         # the foreign key deliveries.event_seq -> events locked every event row a routing inserted a
         # delivery for (FOR KEY SHARE: a WAL record per event, and a full-page image of every 1 KB
-        # event page first touched after a checkpoint): 532 -> 476 B of WAL per event relayed, 2,100 ->
+        # event page first touched after a checkpoint): 532 -> 476-496 B of WAL per event relayed, 2,100 ->
         # 521 B across a checkpoint, and a third of the routing statement's time. What it guarded
         # stays guarded: routing inserts deliveries only for events it takes off the queue (whose own
         # key cascades from events), prune deletes only events without deliveries, the replays lock
