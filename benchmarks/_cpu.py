@@ -1,19 +1,35 @@
-"""Process CPU time per event for the bench_subscribe_* scripts.
+"""Process CPU time per event for the bench_subscribe_* scripts, and other processes' CPU from /proc.
 
 ``time.process_time`` counts this process only (the broker's CPU is not in
 it) and hardly moves when other work shares the machine, unlike ev/s: on a
 loaded machine compare these figures, not the throughput ratios.
+:func:`stat_cpu` reads another process's CPU seconds (Linux ``/proc``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
-__all__ = ["CpuClock"]
+__all__ = ["CpuClock", "stat_cpu"]
 
 T = TypeVar("T")
+
+
+def stat_cpu(pid: int | str, *, children: bool = False) -> tuple[str, float]:
+    """(command name, CPU seconds) of process ``pid`` from ``/proc/PID/stat``: user + system
+    time, plus that of its waited-for children with ``children`` (where an exited PostgreSQL
+    backend's time goes).
+
+    :raises OSError: no such process, or no ``/proc``.
+    """
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+    ticks = sum(int(x) for x in rest[11 : 15 if children else 13])  # utime, stime[, cutime, cstime]
+    return name, ticks / os.sysconf("SC_CLK_TCK")
 
 
 class CpuClock:

@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 
 import redis
+from _cpu import stat_cpu
 
 from outrelay import Event, Outbox
 
@@ -37,8 +38,7 @@ REDIS_URL = os.environ.get("OUTRELAY_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of ``pid`` (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu(pid)[1]
 
 
 def reader(client: redis.Redis, key: str, arrivals: dict[str, float], want: int, stop: threading.Event) -> None:

@@ -93,6 +93,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from _cpu import stat_cpu
+
 PG_URL = os.environ.get("OUTRELAY_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 MQ_URL = os.environ.get("OUTRELAY_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
 NATS_URL = os.environ.get("OUTRELAY_NATS_URL", "nats://127.0.0.1:4222")
@@ -443,15 +445,11 @@ class Result:
 
 def cpu_seconds(pids: list[int]) -> float:
     """user + system CPU seconds of ``pids`` so far, from /proc (0.0 where /proc is missing)."""
-    total = 0
+    total = 0.0
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / os.sysconf("SC_CLK_TCK")
+        with contextlib.suppress(OSError):
+            total += stat_cpu(pid)[1]
+    return total
 
 
 async def start_child(side: str, opts: dict[str, Any]) -> subprocess.Popen[bytes]:

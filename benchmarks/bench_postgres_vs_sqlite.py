@@ -38,6 +38,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+from _cpu import stat_cpu
 
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.transports.memory import MemoryTransport
@@ -72,22 +73,19 @@ def fill(url: str, count: int, streams: int, size: int) -> None:
 def server_cpu() -> float | None:
     """CPU seconds of every ``postgres`` process on this host so far (exited backends are in their
     parent's children times), or None where ``/proc`` is not readable."""
-    total = 0
+    total = 0.0
     try:
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
         return None
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
+            name, seconds = stat_cpu(pid, children=True)
+        except OSError:  # gone meanwhile
             continue
-        if "postgres" not in stat[stat.index("(") + 1 : stat.rindex(")")]:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
-    return total / os.sysconf("SC_CLK_TCK") if total else None
+        if "postgres" in name:
+            total += seconds
+    return total or None
 
 
 def drain(url: str, broker: str, count: int | None, profile: str | None = None) -> tuple[float, int]:
