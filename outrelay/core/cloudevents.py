@@ -42,6 +42,7 @@ from urllib.parse import quote, unquote
 import orjson
 
 from outrelay.core.envelope import Event, is_json_content_type
+from outrelay.core.envelope import _checked as checked_event  # Event.checked without its bound-method call
 from outrelay.core.errors import EventError
 
 __all__ = [
@@ -186,15 +187,21 @@ def from_attributes(attrs: Mapping[str, str], data: bytes) -> Event:
     value = get("time")
     if value is not None:
         fields["time"] = value  # Event.checked parses it (and keeps canonical text as time_text)
-    for field, name in _SIMPLE_ITEMS:
-        value = get(name)
-        if value is not None:
-            fields[field] = value
+    value = get("eventversion")  # outrelay writes it on every event; the rest of _SIMPLE are often all absent
+    if value is not None:
+        fields["event_version"] = value
+    if not _OPTIONAL_NAMES.isdisjoint(attrs):
+        for field, name in _OPTIONAL_ITEMS:
+            value = get(name)
+            if value is not None:
+                fields[field] = value
     if not _RARE.isdisjoint(attrs):
         _rare(attrs, fields)
-    return Event.checked(fields, data if type(data) is bytes else bytes(data))
+    return checked_event(fields, data if type(data) is bytes else bytes(data))
 
 
+_OPTIONAL_ITEMS = tuple((field, name) for field, name in _SIMPLE_ITEMS if field != "event_version")
+_OPTIONAL_NAMES = frozenset(name for _, name in _OPTIONAL_ITEMS)
 _RARE = frozenset(("labels", "metadata", "tags", "sequence", *PROMOTED_METADATA))
 
 

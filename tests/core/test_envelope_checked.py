@@ -157,3 +157,17 @@ def test_same_outcome_fuzzed(fields: dict[str, Any]) -> None:
     fields["time"] = T0
     fields.setdefault("id", "e-1")  # a generated id differs between the two
     assert outcome(lambda: Event.checked(fields, b"x")) == outcome(lambda: Event(**fields, data=b"x"))
+
+
+def test_remembered_text_still_checked_per_field() -> None:
+    """A value accepted in one field is still refused where another field's rule refuses it."""
+    long = "x" * 600
+    Event.checked({**BASE, "source": long, "event_version": ""}, b"")  # both valid there
+    with pytest.raises(EventError, match="stream"):
+        Event.checked({**BASE, "stream": long}, b"")
+    with pytest.raises(EventError, match="stream"):
+        Event.checked({**BASE, "stream": ""}, b"")
+    with pytest.raises(EventError, match="source"):
+        Event.checked({**BASE, "source": ""}, b"")
+    e = Event.checked({**BASE, "stream": "s-1", "event_version": "s-1", "content_type": "s-1"}, b"x")
+    assert (e.stream, e.event_version, e.content_type) == ("s-1", "s-1", "s-1")
