@@ -195,6 +195,12 @@ def from_attributes(attrs: Mapping[str, str], data: bytes) -> Event:
             value = get(name)
             if value is not None:
                 fields[field] = value
+    value = get("sequence")  # on every event a relay sent
+    if value is not None:
+        try:
+            fields["sequence"] = int(value)
+        except (TypeError, ValueError):
+            raise EventError(f"not a CloudEvent: attribute 'sequence' = {value[:40]!r} is not an integer") from None
     if not _RARE.isdisjoint(attrs):
         _rare(attrs, fields)
     return checked_event(fields, data if type(data) is bytes else bytes(data))
@@ -202,11 +208,11 @@ def from_attributes(attrs: Mapping[str, str], data: bytes) -> Event:
 
 _OPTIONAL_ITEMS = tuple((field, name) for field, name in _SIMPLE_ITEMS if field != "event_version")
 _OPTIONAL_NAMES = frozenset(name for _, name in _OPTIONAL_ITEMS)
-_RARE = frozenset(("labels", "metadata", "tags", "sequence", *PROMOTED_METADATA))
+_RARE = frozenset(("labels", "metadata", "tags", *PROMOTED_METADATA))
 
 
 def _rare(attrs: Mapping[str, str], fields: dict[str, Any]) -> None:
-    """Add the JSON-valued attributes, the promoted metadata keys and ``sequence`` to ``fields``."""
+    """Add the JSON-valued attributes and the promoted metadata keys to ``fields``."""
     get = attrs.get
     for name in ("labels", "metadata", "tags"):
         value = get(name)
@@ -224,12 +230,6 @@ def _rare(attrs: Mapping[str, str], fields: dict[str, Any]) -> None:
             elif not isinstance(meta, dict):
                 raise EventError(f"event metadata must be a mapping of strings, got {type(meta).__name__}")
             meta[key] = value
-    value = get("sequence")
-    if value is not None:
-        try:
-            fields["sequence"] = int(value)
-        except (TypeError, ValueError):
-            raise EventError(f"not a CloudEvent: attribute 'sequence' = {value[:40]!r} is not an integer") from None
 
 
 @functools.cache

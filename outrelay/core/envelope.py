@@ -313,7 +313,9 @@ def _checked(fields: Mapping[str, Any], data: Any) -> Event:
     else:
         for name in _OPTIONAL:
             value = get(name)
-            check_optional(name, value)
+            # a printable non-empty string passes check_optional: only anything else is checked (and maybe refused)
+            if value is not None and not (type(value) is str and value and value.isprintable()):
+                check_optional(name, value)
             setattr(d, name, value)
     ctype = get("content_type")
     try:
