@@ -34,7 +34,9 @@ async def bus_consume(
     bus = EventBus(transport, dead_letters="memory", claim_timeout=claim_timeout)
     try:
         name = group or f"bus-{uuid.uuid4().hex[:8]}"
-        await bus.subscribe(handler, group=name, target=target, from_beginning=True, prefetch=prefetch, concurrency=concurrency)
+        await bus.subscribe(
+            handler, group=name, target=target, from_beginning=True, prefetch=prefetch, concurrency=concurrency
+        )
         started = time.perf_counter()
         await asyncio.wait_for(done.wait(), 600)
         return time.perf_counter() - started
