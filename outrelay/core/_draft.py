@@ -1,4 +1,4 @@
-"""Lean construction of frozen, slotted dataclasses (:class:`Event`, ``Received``) on hot paths.
+"""Lean construction of frozen, slotted dataclasses (such as :class:`~outrelay.Event`) on hot paths.
 
 A frozen dataclass refuses attribute stores, so a lean constructor that skips
 ``__init__`` has to fill each slot through its descriptor

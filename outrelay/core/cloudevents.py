@@ -186,7 +186,7 @@ def from_attributes(attrs: Mapping[str, str], data: bytes) -> Event:
         fields["content_type"] = value
     value = get("time")
     if value is not None:
-        fields["time"] = value  # Event.checked parses it (and keeps canonical text as time_text)
+        fields["time"] = value  # Event.checked parses it
     value = get("eventversion")  # outrelay writes it on every event; the rest of _SIMPLE are often all absent
     if value is not None:
         fields["event_version"] = value

@@ -149,12 +149,8 @@ class Event:
         """A copy carrying the outbox sequence (no re-validation: cheap)."""
         d = _draft()
         d.type, d.stream, d.data, d.id, d.source = self.type, self.stream, self.data, self.id, self.source
-        d.time, d._time_text, d.event_version, d.content_type = (
-            self.time,
-            self._time_text,
-            self.event_version,
-            self.content_type,
-        )
+        d.time, d._time_text = self.time, self._time_text
+        d.event_version, d.content_type = self.event_version, self.content_type
         d.tenant, d.correlation_id, d.causation_id = self.tenant, self.correlation_id, self.causation_id
         d.schema_version, d.producer_version, d.subject = self.schema_version, self.producer_version, self.subject
         d.labels, d.tags, d.metadata, d.sequence = self.labels, self.tags, self.metadata, sequence
