@@ -17,7 +17,6 @@ async def bus_consume(
     prefetch: int = 1024,
     claim_timeout: float = 30.0,
     group: str | None = None,
-    concurrency: int = 128,
 ) -> float:
     """Seconds for one new group member of an :class:`EventBus` (``from_beginning``) to hand
     ``count`` already-stored events to a handler that only counts, from when ``subscribe``
@@ -34,9 +33,7 @@ async def bus_consume(
     bus = EventBus(transport, dead_letters="memory", claim_timeout=claim_timeout)
     try:
         name = group or f"bus-{uuid.uuid4().hex[:8]}"
-        await bus.subscribe(
-            handler, group=name, target=target, from_beginning=True, prefetch=prefetch, concurrency=concurrency
-        )
+        await bus.subscribe(handler, group=name, target=target, from_beginning=True, prefetch=prefetch, concurrency=128)
         started = time.perf_counter()
         await asyncio.wait_for(done.wait(), 600)
         return time.perf_counter() - started

@@ -87,7 +87,8 @@ def main() -> None:
         if args.instructions:
             print(f"{step:14s} {instructions(step, args.calls):8,d} instructions per call")
         else:
-            best = min(timeit.repeat(call, number=args.calls // 7 or 1, repeat=7)) / (args.calls // 7 or 1)
+            number = args.calls // 7 or 1
+            best = min(timeit.repeat(call, number=number, repeat=7)) / number
             print(f"{step:14s} {best * 1e6:8.2f} µs per call")
 
 

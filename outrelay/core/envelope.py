@@ -39,7 +39,7 @@ from outrelay.core._event_checks import (
 )
 from outrelay.core._event_checks import has_non_finite as _has_non_finite
 from outrelay.core.errors import EventError
-from outrelay.core.ids import uuid7
+from outrelay.core.ids import is_valid_id, uuid7
 
 __all__ = ["JSON_CONTENT_TYPES", "Event", "is_json_content_type"]
 
@@ -282,12 +282,12 @@ def _checked(fields: Mapping[str, Any], data: Any) -> Event:
         check_type(type_)
         if len(_GOOD_TYPES) < 4096:  # a topic carries few types: the regex runs once per type
             _GOOD_TYPES.add(type_)
-    good = _GOOD_TEXT  # strings that passed every text check before: a topic's streams, sources, versions, types
+    good = _GOOD_TEXT  # strings that passed every text check before: streams, sources, versions, content types
     if type(stream) is not str or stream not in good:
         check_stream(stream)
     id_ = fields["id"] if "id" in fields else uuid7()
-    if type(id_) is not str or not (0 < len(id_) <= 200 and id_.isascii() and id_.isprintable() and " " not in id_):
-        check_id(id_)  # is_valid_id's rule is inlined above: this raises (or passes a str subclass)
+    if type(id_) is not str or not is_valid_id(id_):  # check_id's test without its call: it raises
+        check_id(id_)
     source = get("source", "outrelay")
     if type(source) is not str or source not in good:
         check_source(source)
