@@ -34,6 +34,10 @@ from _cpu import stat_cpu
 from outrelay import Event, Outbox
 
 REDIS_URL = os.environ.get("OUTRELAY_REDIS_URL", "redis://127.0.0.1:6379/0")
+ROOT = Path(__file__).resolve().parents[1]
+#: the relay runs this checkout's outrelay: `-m outrelay` would otherwise take the package from the
+#: working directory first, so an A/B run of two checkouts would measure one relay twice
+RELAY_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -77,6 +81,8 @@ def main() -> None:
         proc = subprocess.Popen(
             [sys.executable, "-m", "outrelay", "run", "-c", str(cfg), "--log-level", "warning"],
             stderr=subprocess.PIPE,
+            cwd=ROOT,
+            env=RELAY_ENV,
         )
         try:
             time.sleep(2.0)  # relay started and connected

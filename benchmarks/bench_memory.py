@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import sys
 import tempfile
@@ -23,6 +24,10 @@ import time
 from pathlib import Path
 
 from outrelay import Event, Outbox
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the relay runs this checkout's outrelay (`-m outrelay` would take it from the working directory first)
+RELAY_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 class Sink:
@@ -92,8 +97,9 @@ async def round_(label: str, sizes: list[int], args: argparse.Namespace) -> None
         )
         started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "outrelay", "run", "--drain", "-c", str(cfg), "--log-level", "warning"
-        )
+            sys.executable, "-m", "outrelay", "run", "--drain", "-c", str(cfg), "--log-level", "warning",
+            cwd=ROOT, env=RELAY_ENV,
+        )  # fmt: skip
         peak = 0.0
         while proc.returncode is None:
             peak = max(peak, vm_hwm_mb(proc.pid))
