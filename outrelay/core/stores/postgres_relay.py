@@ -145,12 +145,14 @@ class RelayMixin:
     ) -> int:
         """Every event to every destination: no event row is read at all.
 
-        One statement takes the events from the routing queue (its rows carry
+        One statement (one round trip, on the path from commit to send when a
+        claim routes) takes the events from the routing queue (its rows carry
         the stream), inserts their deliveries (ids of a lane ascend with
-        ``seq``) and returns the count per lane; a second one upserts the lanes
-        in (destination, stream) order like everywhere else. Lanes are locked
-        last, for the shortest time: a locked lane is skipped by claims and
-        blocks settles."""
+        ``seq``) and upserts the lanes with their new counts in (destination,
+        stream) order, like everywhere else; it returns how many events it
+        took. The lanes stay locked until the transaction ends: a locked lane
+        is skipped by claims and blocks settles, which then wait for this
+        commit only."""
         n = self.n
         pick = "" if only is None else "WHERE seq = ANY(%(only)s) "
         # = ANY(ARRAY(...)), not IN (SELECT ...): with IN the planner hash-joins a sequential scan of the
@@ -166,15 +168,14 @@ class RelayMixin:
             f"WITH sel AS MATERIALIZED ({take}), "
             "fan AS MATERIALIZED (SELECT u.d, sel.stream, sel.seq FROM sel CROSS JOIN unnest(%(dests)s::text[]) u(d)), "
             f"ins AS (INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "
-            "  SELECT d, stream, seq, %(now)s FROM fan ORDER BY d, seq) "
-            "SELECT (SELECT count(*) FROM sel), d, stream, count(*) FROM fan GROUP BY d, stream ORDER BY d, stream",
+            "  SELECT d, stream, seq, %(now)s FROM fan ORDER BY d, seq), "
+            f"up AS (INSERT INTO {n.lanes} (destination, stream, due_at, pending) "
+            "  SELECT d, stream, %(now)s, count(*) FROM fan GROUP BY d, stream ORDER BY d, stream "
+            f"  ON CONFLICT (destination, stream) DO UPDATE SET pending = {n.lanes}.pending + excluded.pending) "
+            "SELECT count(*) FROM sel",
             {"lim": limit, "dests": dests, "now": now, "only": only},
         )
-        rows = cur.fetchall()
-        if not rows:
-            return 0
-        self._upsert_lanes(cur, [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], now)
-        return int(rows[0][0])
+        return int(cur.fetchone()[0])  # type: ignore[index]
 
     def _upsert_lanes(self, cur: Cursor, dests: list[str], streams: list[str], counts: list[int], now: float) -> None:
         """Add ``counts`` pending deliveries to the lanes, given in (destination, stream) order."""
