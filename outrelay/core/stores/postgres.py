@@ -84,6 +84,7 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
         self.max_workers = opts["pool_size"]
         self._listeners: list[Listener] = []
         self._local: list[Callable[[str], None]] = []  # listen() callbacks, called by this process's routing
+        self._claims_full: dict[str, bool] = {}
         self._pool = ConnectionPool(self._conninfo, self.max_workers, self.where)
         #: versions the open applied (``outrelay migrate`` can report them)
         self.migrations_applied: list[int] = []
@@ -127,6 +128,7 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
         relaxed: bool = False,
         first: str = "",
         finish: Callable[[T], str] | None = None,
+        single: bool = False,
     ) -> T:
         """Run ``fn`` in one transaction; retry deadlocks/serialization failures,
         and once on a dropped connection (every relay-side call is idempotent
@@ -140,13 +142,20 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
         the relay pays on every claim, route and settle: ``BEGIN``, the ``SET``
         and ``first`` (a statement without parameters; ``fn`` finds the cursor
         on its result) go in one message, and ``finish(result)`` (statements
-        without parameters, or ``""``) in the one that commits."""
+        without parameters, or ``""``) in the one that commits.
+
+        ``single``: ``fn`` runs one statement, on the autocommit connection as its own
+        transaction (no ``BEGIN`` and ``COMMIT`` round trips): for a read that needs no
+        snapshot beyond its statement's."""
         attempt = 0
         while True:
             attempt += 1
             try:
                 if relaxed:
                     return self._relaxed(fn, first, finish)
+                if single:
+                    with self._pool.connection() as conn, conn.cursor() as cur:
+                        return fn(cur)
                 with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
                     return fn(cur)
             except _TRANSIENT as exc:
@@ -187,12 +196,14 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
                 raise
             return result
 
-    def _q(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
+    def _q(self, sql: str, args: Sequence[Any] | dict[str, Any] = (), *, single: bool = False) -> list[Any]:
+        """The rows of ``sql`` in a transaction of its own (``single``: see :meth:`_run`)."""
+
         def fn(cur: Cursor) -> list[Any]:
             cur.execute(sql, args)
             return cur.fetchall()
 
-        return self._run(fn)
+        return self._run(fn, single=single)
 
     @staticmethod
     def _event(seq: int, attrs: Any, data: bytes) -> Event:
