@@ -152,9 +152,8 @@ class RelayMixin:
         the stream), inserts their deliveries (ids of a lane ascend with
         ``seq``) and upserts the lanes with their new counts in (destination,
         stream) order, like everywhere else; it returns how many events it
-        took. The lanes stay locked until the transaction ends: a locked lane
-        is skipped by claims and blocks settles, which then wait for this
-        commit only."""
+        took. The lanes are locked last and stay locked until the transaction
+        ends: a locked lane is skipped by claims and blocks settles."""
         n = self.n
         pick = "" if only is None else "WHERE seq = ANY(%(only)s) "
         # = ANY(ARRAY(...)), not IN (SELECT ...): with IN the planner hash-joins a sequential scan of the
@@ -170,9 +169,12 @@ class RelayMixin:
             f"WITH sel AS MATERIALIZED ({take}), "
             "fan AS MATERIALIZED (SELECT u.d, sel.stream, sel.seq FROM sel CROSS JOIN unnest(%(dests)s::text[]) u(d)), "
             f"ins AS (INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "
-            "  SELECT d, stream, seq, %(now)s FROM fan ORDER BY d, seq), "
+            "  SELECT d, stream, seq, %(now)s FROM fan ORDER BY d, seq RETURNING destination, stream), "
+            # reading ins makes the deliveries go in first: the lanes are locked last, for the shortest time
+            # (PostgreSQL would otherwise run an unread data-modifying CTE in any order, this one first)
             f"up AS (INSERT INTO {n.lanes} (destination, stream, due_at, pending) "
-            "  SELECT d, stream, %(now)s, count(*) FROM fan GROUP BY d, stream ORDER BY d, stream "
+            "  SELECT destination, stream, %(now)s, count(*) FROM ins GROUP BY destination, stream "
+            "  ORDER BY destination, stream "
             f"  ON CONFLICT (destination, stream) DO UPDATE SET pending = {n.lanes}.pending + excluded.pending) "
             "SELECT count(*) FROM sel",
             {"lim": limit, "dests": dests, "now": now, "only": only},
