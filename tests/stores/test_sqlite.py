@@ -74,3 +74,26 @@ def test_migration_3_drops_the_event_seq_index_and_keeps_data(tmp_path: Path) ->
         store.release_relay("me")
     finally:
         store.close()
+
+
+def test_an_empty_claim_does_not_wait_for_a_writer(tmp_path: Path) -> None:
+    """With nothing due, a claim answers from a read: an appender holding the write lock (here a
+    second connection inside BEGIN IMMEDIATE) does not make it wait (a claim that took the write
+    lock would retry until BUSY_TIMEOUT, then raise "database is locked"). With a lane due, the
+    claim takes the write lock as before, and finds the delivery once the writer is done."""
+    store = SQLiteStore(f"sqlite:///{tmp_path}/o.db")
+    writer = sqlite3.connect(f"{tmp_path}/o.db", isolation_level=None, timeout=0.0)
+    try:
+        store.acquire_relay("me")
+        writer.execute("BEGIN IMMEDIATE")
+        assert store.claim("d", limit=10, per_lane=10, owner="me", lease_seconds=30, now=time.time()) == []
+        writer.execute("COMMIT")
+
+        store.append([Event(type="t", stream="s")])
+        assert store.route(Router([], ["d"]), 10, time.time()) == 1
+        [got] = store.claim("d", limit=10, per_lane=10, owner="me", lease_seconds=30, now=time.time())
+        assert got.event.stream == "s"
+        store.release_relay("me")
+    finally:
+        writer.close()
+        store.close()
