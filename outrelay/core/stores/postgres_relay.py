@@ -260,10 +260,7 @@ class RelayMixin:
         three. A lane due just after the read is claimed next time, as if this
         claim had run a moment earlier."""
         if not self._claims_full.get(destination) and not self._q(
-            f"SELECT 1 FROM {self.n.lanes} WHERE destination = %s AND NOT parked AND due_at <= %s "
-            "AND owner IS DISTINCT FROM %s LIMIT 1",
-            (destination, now, owner),
-            single=True,
+            f"SELECT 1 FROM {self.n.lanes} WHERE {_DUE_LANE} LIMIT 1", (destination, now, owner), single=True
         ):
             return []
         claimed = self._run(
@@ -285,8 +282,7 @@ class RelayMixin:
         """:meth:`claim`'s two statements, in the caller's transaction."""
         n = self.n
         cur.execute(
-            f"SELECT stream FROM {n.lanes} WHERE destination = %s AND NOT parked AND due_at <= %s "
-            "AND owner IS DISTINCT FROM %s ORDER BY due_at LIMIT %s FOR UPDATE SKIP LOCKED",
+            f"SELECT stream FROM {n.lanes} WHERE {_DUE_LANE} ORDER BY due_at LIMIT %s FOR UPDATE SKIP LOCKED",
             (destination, now, owner, limit),
         )
         locked = [r[0] for r in cur]
@@ -412,6 +408,9 @@ class RelayMixin:
     def unrouted(self) -> int:
         return int(self._q(f"SELECT COUNT(*) FROM {self.n.unrouted}")[0][0])
 
+
+#: a lane ``claim`` may take: (destination, now, owner) — its due-lane read and its lock use the same test
+_DUE_LANE = "destination = %s AND NOT parked AND due_at <= %s AND owner IS DISTINCT FROM %s"
 
 #: claim's second statement (see :meth:`RelayMixin.claim`); ``{n}`` gives the table names
 _CLAIM_SQL = (

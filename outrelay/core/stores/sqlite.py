@@ -79,6 +79,11 @@ def _busy(db: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> sqlite3
                 delay = min(delay * 1.5, 0.005)
 
 
+#: lanes a claim may take, given (destination, now, owner): whether there is one, and the first ``limit``
+_DUE_LANE = "destination = ? AND parked = 0 AND due_at <= ? AND (owner IS NULL OR owner <> ?)"
+_ANY_DUE_LANE = f"SELECT 1 FROM outrelay_lanes WHERE {_DUE_LANE} LIMIT 1"
+_DUE_LANES = f"SELECT stream FROM outrelay_lanes WHERE {_DUE_LANE} ORDER BY due_at LIMIT ?"
+
 _BUSY_FIRST = 0.0001  # seconds between tries of a locked database at first
 _BUSY_EAGER = 0.01  # seconds of tries every _BUSY_FIRST before backing off
 
@@ -336,20 +341,13 @@ class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, SQL
         max_bytes: int | None = None,
     ) -> list[Claimed]:
         budget = max_bytes if max_bytes is not None else float("inf")
-        due = "destination = ? AND parked = 0 AND due_at <= ? AND (owner IS NULL OR owner <> ?)"
         # Nothing due (a relay between batches, a trickle of appends): a read says so without the write
         # transaction below, whose lock an appender's fsync holds for a millisecond at a time. A lane due a
         # moment after this read is claimed by the next claim, as if this one had run a moment earlier.
-        if not self._q(f"SELECT 1 FROM outrelay_lanes WHERE {due} LIMIT 1", (destination, now, owner)):
+        if not self._q(_ANY_DUE_LANE, (destination, now, owner)):
             return []
         with self._tx(relaxed=True) as db:
-            streams = [
-                r[0]
-                for r in db.execute(
-                    f"SELECT stream FROM outrelay_lanes WHERE {due} ORDER BY due_at LIMIT ?",
-                    (destination, now, owner, limit),
-                )
-            ]
+            streams = [r[0] for r in db.execute(_DUE_LANES, (destination, now, owner, limit))]
             picked: list[tuple[int, int, float | None, int, bytes]] = []  # id, attempts, first, seq, attrs
             leased: list[str] = []
             size = 0
