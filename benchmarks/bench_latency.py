@@ -29,15 +29,12 @@ import uuid
 from pathlib import Path
 
 import redis
+from _checkout import RELAY_ENV, ROOT
 from _cpu import stat_cpu
 
 from outrelay import Event, Outbox
 
 REDIS_URL = os.environ.get("OUTRELAY_REDIS_URL", "redis://127.0.0.1:6379/0")
-ROOT = Path(__file__).resolve().parents[1]
-#: the relay runs this checkout's outrelay: `-m outrelay` would otherwise take the package from the
-#: working directory first, so an A/B run of two checkouts would measure one relay twice
-RELAY_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def cpu_seconds(pid: int) -> float:

@@ -16,18 +16,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from outrelay import Event, Outbox
+from _checkout import RELAY_ENV, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-#: the relay runs this checkout's outrelay (`-m outrelay` would take it from the working directory first)
-RELAY_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+from outrelay import Event, Outbox
 
 
 class Sink:
