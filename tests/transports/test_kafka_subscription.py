@@ -17,14 +17,16 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from outrelay import Event, Message, PermanentError, RetryableError
 from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
 from outrelay.core.transport import Delivered
+from outrelay.transports.kafka._subscriber import KafkaSubscription
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
-from tests.peers.kafka import KafkaPeer, new_topic
+from tests.peers.kafka import KafkaPeer, new_topic, private_tansu
 from tests.peers.proxy import TcpProxy
 from tests.services import free_port, need, wait_port
 
@@ -362,6 +364,42 @@ class TestKafkaStart:
         assert time.monotonic() - started < 6
         assert "\n" not in str(info.value) and "127.0.0.1:1" in str(info.value)
         await sub.stop()
+
+    async def test_start_gives_up_when_the_broker_goes_silent_mid_join(self) -> None:
+        """The broker stops answering right when a member commits its first position: start() raises a
+        one-line RetryableError within its join budget. Before, start() never returned: aiokafka retries
+        the commit, and looks for the coordinator again, without end."""
+        port = free_port()
+        proxy = TcpProxy("127.0.0.1", port)
+        await proxy.start()
+        try:
+            with private_tansu(port=port, advertised_port=proxy.port):
+                peer = KafkaPeer(f"127.0.0.1:{proxy.port}", tansu=True)
+                topic = await new_topic(peer, partitions=1)
+                sub = make(peer, topic, connect_timeout=2.0, request_timeout=3.0).subscription(
+                    group_spec(topic, f"g-{topic}", "m")
+                )
+                assert isinstance(sub, KafkaSubscription)
+                commit, silenced_at = sub._commit, []
+
+                async def silenced(tracks: dict[Any, Any], *args: Any, **kw: Any) -> None:
+                    if any(t.dirty for t in tracks.values()):  # the join's commit (not the empty revocation's)
+                        proxy.hold()  # from here on the broker answers nothing
+                        silenced_at.append(time.monotonic())
+                    await commit(tracks, *args, **kw)
+
+                sub._commit = silenced  # type: ignore[method-assign]
+                with pytest.raises(RetryableError) as info:
+                    await sub.start()
+                failed = time.monotonic()
+                assert silenced_at, "start() failed before it committed its position"
+                assert "\n" not in str(info.value) and "did not join the group within 16 s" in str(info.value)
+                # the join's budget (connect_timeout + 2 * claim_timeout + 10), then closing (request_timeout)
+                limit = 2.0 + 2 * CLAIM + 10 + 3.0 + 2
+                assert failed - silenced_at[0] < limit, f"start() gave up {failed - silenced_at[0]:.1f} s later"
+                await sub.stop()  # after a failed start: nothing to stop
+        finally:
+            await proxy.stop()
 
     def test_templated_topic_needs_an_explicit_target(self) -> None:
         """A templated topic with target "" is a PermanentError naming the option and the fix."""

@@ -45,9 +45,14 @@ local bookkeeping, so it is synchronous (:meth:`Inbound.ack_nowait`); the
 awaitable ``ack`` does the same. ``receive`` returns at most
 ``RECEIVE_CHUNK`` records per call (fewer than asked is within the contract).
 
-:raises RetryableError: from ``start`` when the broker is unreachable; from
-    ``receive`` when an idle receive finds no broker reachable (aiokafka
-    reconnects by itself; the next ``receive`` resumes).
+:raises RetryableError: from ``start`` when the broker is unreachable, or
+    stops answering before the member's assignment and position are
+    committed (joining a group gives up after ``connect_timeout + 2 *
+    claim_timeout + 10`` s); from ``receive`` when an idle receive finds no
+    broker reachable (aiokafka reconnects by itself; the next ``receive``
+    resumes). Nothing here waits on the broker without a bound: every commit
+    gives up after ``request_timeout`` (aiokafka alone would retry a
+    retriable commit error forever), and so does ``stop``.
 :raises PermanentError: the topic is a template (subscribe to one rendered
     topic instead), an illegal name, not authorized, or ``claim_timeout`` is
     outside the broker's session range.
@@ -179,16 +184,16 @@ class KafkaSubscription(SubscriptionBackend):
                     # joining may wait out a departed member's session and a rebalance round
                     await self._join(consumer, cfg.connect_timeout + 2 * spec.claim_timeout + 10)
             except ke.InvalidSessionTimeoutError as exc:
-                await consumer.stop()
                 self._consumer = None
+                await self._close(consumer)
                 raise PermanentError(
                     f"{self._where}: the broker refuses claim_timeout={spec.claim_timeout:g} s as a session timeout "
                     "(stock Kafka: 6-1800 s, group.min/max.session.timeout.ms); choose one in the broker's range",
                     destination=self.destination,
                 ) from exc
             except BaseException:
-                await consumer.stop()
                 self._consumer = None
+                await self._close(consumer)
                 raise
         self._consumer = consumer
 
@@ -199,21 +204,26 @@ class KafkaSubscription(SubscriptionBackend):
         while True:
             left = deadline - loop.time()
             if left <= 0:
-                raise RetryableError(f"{self._where}: no group assignment within {budget:.0f} s")
+                raise RetryableError(
+                    f"{self._where}: did not join the group within {budget:.0f} s (no assignment, or its positions "
+                    "not committed); is the broker reachable?"
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._assigned.wait(), left)
             if not self._assigned.is_set():
                 continue
             tracks = dict(self._tracks)
-            for tp, track in tracks.items():
-                position = await asyncio.wait_for(consumer.position(tp), max(0.1, deadline - loop.time()))
-                if track.commit_to is None:
-                    track.commit_to = position
             try:
-                await self._commit(tracks)
+                for tp, track in tracks.items():
+                    position = await asyncio.wait_for(consumer.position(tp), max(0.1, deadline - loop.time()))
+                    if track.commit_to is None:
+                        track.commit_to = position
+                await self._commit(tracks, within=max(0.1, deadline - loop.time()))
                 return
             except (ke.CommitFailedError, ke.RebalanceInProgressError, ke.IllegalGenerationError):
                 continue  # a rebalance overtook us: the revocation committed what we resolved; join again
+            except TimeoutError:
+                continue  # the budget ran out resolving or committing positions: say so above
 
     async def stop(self) -> None:
         consumer, self._consumer = self._consumer, None
@@ -227,10 +237,18 @@ class KafkaSubscription(SubscriptionBackend):
         try:
             if self.spec.group is not None:
                 with contextlib.suppress(Exception):  # best effort: uncommitted records are redelivered
-                    await asyncio.wait_for(self._commit(tracks, consumer), self.cfg.request_timeout)
+                    await self._commit(tracks, consumer)
         finally:
-            with contextlib.suppress(Exception):  # stopping: nothing useful to report
-                await asyncio.wait_for(consumer.stop(), self.cfg.request_timeout)
+            await self._close(consumer)
+
+    async def _close(self, consumer: AIOKafkaConsumer) -> None:
+        """Stop ``consumer`` (leaving its group), giving up after ``request_timeout``: a broker that stopped
+        answering must not hold ``stop`` (or a failed ``start``) forever. Then what aiokafka's stop left
+        running is torn down without the broker (:func:`_abandon`)."""
+        try:
+            await asyncio.wait_for(consumer.stop(), self.cfg.request_timeout)
+        except Exception:  # stopping: nothing useful to report
+            await _abandon(consumer)
 
     # -- receiving ---------------------------------------------------------------------------------
 
@@ -306,12 +324,22 @@ class KafkaSubscription(SubscriptionBackend):
 
     # -- commits and rebalances --------------------------------------------------------------------
 
-    async def _commit(self, tracks: dict[TopicPartition, PartitionTrack], consumer: Any = None) -> None:
+    async def _commit(
+        self, tracks: dict[TopicPartition, PartitionTrack], consumer: Any = None, *, within: float | None = None
+    ) -> None:
+        """Commit the handled prefix of ``tracks``' dirty partitions.
+
+        :raises TimeoutError: not done within ``within`` seconds (default ``request_timeout``). aiokafka
+            retries a retriable commit error, and looks for the group coordinator again, without end; a
+            broker that keeps answering so (or never answers) must not hold a rebalance, ``start``,
+            ``stop`` or the flush task forever.
+        :raises KafkaError: what aiokafka raises (``CommitFailedError`` after a rebalance, ...).
+        """
         consumer = consumer or self._consumer
         todo = {tp: t.commit_to for tp, t in tracks.items() if t.dirty}
         if consumer is None or not todo:
             return
-        await consumer.commit(todo)
+        await asyncio.wait_for(consumer.commit(todo), self.cfg.request_timeout if within is None else within)
         for tp, offset in todo.items():
             tracks[tp].committed = offset
 
@@ -340,6 +368,23 @@ class KafkaSubscription(SubscriptionBackend):
         for tp in assigned:
             self._tracks[tp] = PartitionTrack()
         self._assigned.set()
+
+
+async def _abandon(consumer: AIOKafkaConsumer) -> None:
+    """Tear down a consumer whose ``stop()`` the broker did not let finish: cancel its coordinator's tasks
+    (the heartbeat would otherwise retry forever), close its fetcher and its connections. These are
+    aiokafka's private attributes: a step whose attribute is missing is skipped, none waits on the broker."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    names = ("_coordination_task", "_heartbeat_task", "_commit_refresh_task")
+    tasks = [t for n in names if isinstance(t := getattr(coordinator, n, None), asyncio.Future) and not t.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=1.0)
+    for part in (getattr(consumer, "_fetcher", None), getattr(consumer, "_client", None)):
+        if part is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(part.close(), 1.0)
 
 
 class _Record(Inbound):
