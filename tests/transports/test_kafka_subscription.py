@@ -209,7 +209,8 @@ class TestKafkaGroup:
             text=True,
         )
         try:
-            assert await asyncio.to_thread(child.stdout.readline) == "started\n"  # type: ignore[union-attr]
+            started = asyncio.to_thread(child.stdout.readline)  # type: ignore[union-attr]
+            assert await asyncio.wait_for(started, 40) == "started\n"  # start() gives up within ~30 s
             ms = await members(t, topic, group, log, 2)
             await publish(t, events(600, 30))
             line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 20)  # type: ignore[union-attr]
