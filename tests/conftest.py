@@ -12,9 +12,9 @@ import pytest
 
 from outrelay.transports.memory import MemoryTransport
 
-# tests.hang_report: where a hanging test waits (see pyproject.toml's timeout). The real peers' fixtures,
-# registered once so each session-scoped peer (tansu, moto, pulsar-lite,
-# the Pub/Sub emulator, the AMQP test peer) starts once per test session, not once per module.
+# tests.hang_report: where a hanging test waits (see pyproject.toml's timeout). Then the real peers'
+# fixtures, registered once so each session-scoped peer (tansu, moto, pulsar-lite, the Pub/Sub emulator,
+# the AMQP test peer) starts once per test session, not once per module.
 pytest_plugins = [
     "tests.hang_report",
     "tests.peers.amqp_servicebus_peer",

@@ -13,7 +13,7 @@ import asyncio
 import io
 import sys
 import threading
-from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -48,19 +48,24 @@ def _report(nodeid: str, after: float) -> None:
     print("\n".join(lines), file=out, flush=True)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    limit = float(item.config.getini("timeout") or 0)
-    marker = item.get_closest_marker("timeout")
-    if marker is not None and marker.args:
-        limit = float(marker.args[0])
-    timer = None
-    if limit > EARLY:
-        timer = threading.Timer(limit - EARLY, _report, args=(item.nodeid, limit - EARLY))
+_TIMER = pytest.StashKey[threading.Timer]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-timeout's own, which returns True and ends the call
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
+    """pytest-timeout arms its timer with the limit it resolved (ini, ``--timeout``, a ``timeout``
+    marker): arm the report ``EARLY`` s before it. Returns None, so pytest-timeout's own timer is armed too."""
+    if settings.timeout > EARLY:
+        after = settings.timeout - EARLY
+        timer = item.stash[_TIMER] = threading.Timer(after, _report, args=(item.nodeid, after))
         timer.daemon = True
         timer.start()
-    try:
-        yield
-    finally:
-        if timer is not None:
-            timer.cancel()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
+    """The test ended in time: no report (returns None, so pytest-timeout cancels its own timer too)."""
+    timer = item.stash.get(_TIMER, None)
+    if timer is not None:
+        timer.cancel()
+        del item.stash[_TIMER]
