@@ -14,7 +14,18 @@ from datetime import UTC, datetime
 import orjson
 
 #: structured fields a log call passes in `extra=`, written as top-level members of its JSON line
-_FIELDS = ("destination", "event_id", "stream", "tenant", "event_type", "producer", "error", "reason", "attempts")
+_FIELDS = (
+    "destination",
+    "event_id",
+    "stream",
+    "tenant",
+    "event_type",
+    "producer",
+    "error",
+    "reason",
+    "attempts",
+    "signal",
+)
 
 
 class JsonFormatter(logging.Formatter):

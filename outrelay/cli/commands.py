@@ -20,10 +20,10 @@ from outrelay.cli._common import (
     err_console,
     error_line,
     load,
-    require_destinations,
     setup_logging,
 )
-from outrelay.cli._summary import startup_line, summary_doc
+from outrelay.cli._summary import startup_line, summary_doc, summary_line
+from outrelay.cli._validate import outbox_problem, permanent, validate
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError, StoreError, StoreLockedError
 from outrelay.core.outbox import Outbox
@@ -70,7 +70,11 @@ def run(
     """Run the relay in the foreground until SIGINT/SIGTERM (or, with --drain, until idle)."""
     setup_logging(log_level, log_format)
     cfg = load(config)
-    require_destinations(cfg)
+    with config_context(config):
+        validate(cfg)  # the whole config, before anything is created or connected
+    problem = outbox_problem(cfg.outbox.url, create=True)
+    if problem:
+        raise StoreError(problem)
     json_mode = log_format == "json"
 
     async def main() -> Any:
@@ -78,13 +82,20 @@ def run(
         stopped = asyncio.Event()
         started: list[Relay] = []
 
-        def stop() -> None:
+        def stop(sig: signal.Signals) -> None:
+            if not stopped.is_set():
+                log.info(
+                    "%s received: stopping (in-flight batches get up to relay.shutdown_grace = %gs)",
+                    sig.name,
+                    cfg.relay.shutdown_grace,
+                    extra={"signal": sig.name},
+                )
             stopped.set()
             for r in started:
                 r.stop()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop)
+            loop.add_signal_handler(sig, stop, sig)
         relay = await _open_relay(cfg, config, drain, stopped)
         if relay is None:
             return None
@@ -106,10 +117,12 @@ def run(
         metrics_url = f"http://{metrics_host}:{metrics_port}" if metrics_port else None
         log.info("%s", startup_line(cfg, relay.transports, metrics_url))
         try:
-            return await relay.run(drain=drain)
+            summary = await relay.run(drain=drain)
         finally:
             if server is not None:
                 server.close()
+        log.info("outrelay stopped: %s", summary_line(summary_doc(summary)))
+        return summary
 
     summary = asyncio.run(main())
     if summary is None:
@@ -119,10 +132,7 @@ def run(
             console.print("stopped before the outbox became available", markup=False)
         return
     doc = summary_doc(summary)
-    line = (
-        f"delivered {doc['delivered']} in {doc['elapsed']:.1f}s; {doc['pending']} pending; "
-        f"{doc['dead_lettered']} dead-lettered; {doc['parked']} parked"
-    )
+    line = summary_line(doc)
     incomplete = drain and bool(doc["pending"] or doc["dead_lettered"] or doc["parked"])
     if json_mode:
         doc["complete"] = not incomplete
@@ -142,7 +152,8 @@ async def _open_relay(cfg: Any, config: Path | None, drain: bool, stopped: async
     """Build the relay, waiting (with a log line per attempt, backoff to 30 s) while the outbox
     cannot be opened — a database still starting or down, as the running relay does. With
     ``--drain`` the wait is bounded by ``relay.drain_retry_bound``. Returns None when stopped
-    while waiting. Another relay holding a SQLite outbox is an error at once."""
+    while waiting. Another relay holding a SQLite outbox, and an error that waiting does not
+    cure (:func:`~outrelay.cli._validate.permanent`), are errors at once."""
     delay = 0.5
     deadline = time.monotonic() + cfg.relay.drain_retry_bound if drain else float("inf")
     while True:
@@ -152,7 +163,7 @@ async def _open_relay(cfg: Any, config: Path | None, drain: bool, stopped: async
         except StoreLockedError:
             raise
         except StoreError as exc:
-            if time.monotonic() + delay > deadline:
+            if time.monotonic() + delay > deadline or permanent(exc, cfg.outbox.url):
                 raise
             log.warning("outbox unavailable (%s); retrying in %.1fs", exc, delay)
         with contextlib.suppress(TimeoutError):

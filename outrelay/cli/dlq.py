@@ -13,11 +13,11 @@ import typer
 
 from outrelay.cli import audit
 from outrelay.cli._common import ConfigOption, console, load, mask, secrets_of
+from outrelay.cli._validate import open_existing, outbox_problem
 from outrelay.core import cloudevents
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.consumer_dlq import ConsumerDeadLetters
 from outrelay.core.errors import ConfigError
-from outrelay.core.outbox import Outbox
 from outrelay.plugins.crypto import reveal
 
 __all__ = ["app"]
@@ -39,8 +39,17 @@ ConsumerOption = typer.Option(
 
 @contextmanager
 def _consumers(cfg: OutrelayConfig) -> Iterator[ConsumerDeadLetters]:
-    """The consumer dead letters of ``cfg`` (``[bus] dead_letters``, else the outbox database), closed after."""
-    dlq = ConsumerDeadLetters(cfg.bus.dead_letters or cfg.outbox.url)
+    """The consumer dead letters of ``cfg`` (``[bus] dead_letters``, else the outbox database), closed after.
+
+    :raises ConfigError: that database is a SQLite file that does not exist (a mistyped path is
+        reported, never created)."""
+    url = cfg.bus.dead_letters or cfg.outbox.url
+    problem = outbox_problem(url, create=False) if cfg.bus.dead_letters is None else None
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
+        problem = problem or f"no consumer dead-letter database at {url[len('sqlite:///') :]!r} (bus.dead_letters)"
+    if problem:
+        raise ConfigError(problem)
+    dlq = ConsumerDeadLetters(url)
     try:
         yield dlq
     finally:
@@ -71,7 +80,7 @@ def list_(
     if consumer is not None:
         _list_consumer(cfg, consumer, states, limit, as_json)
         return
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
         rows = outbox.store.dead_letters(destination=destination, states=states, limit=limit)
     docs = [{**r.summary(), "reason": mask(r.reason, secrets)} for r in rows]
     if as_json:
@@ -128,7 +137,7 @@ def show(
             doc["event"] = orjson.loads(cloudevents.to_structured(event))
         console.print_json(orjson.dumps(doc).decode())
         return
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
         dl = outbox.store.dead_letter(dl_id)
     event, note = reveal(cfg, dl.event)  # sealed at rest: decrypted if the keys are here
     doc = {
@@ -168,7 +177,7 @@ def replay(
         audit.record(cfg, "dlq.replay", {"consumer": consumer, "ids": selected, "count": n})
         console.print(f"queued {n} consumer dead letter(s); a running member handles them again", markup=False)
         return
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
         n = outbox.store.replay_dead(selected, destination=destination, now=time.time())
         audit.record(cfg, "dlq.replay", {"destination": destination, "ids": selected, "count": n}, outbox.store)
     console.print(f"queued {n} dead letter(s) for delivery; a running relay picks them up", markup=False)
@@ -196,7 +205,7 @@ def purge(
         audit.record(cfg, "dlq.purge", {"consumer": consumer, "ids": selected, "count": n})
         console.print(f"purged {n} consumer dead letter(s)", markup=False)
         return
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
         n = outbox.store.purge_dead(selected, destination=destination)
         audit.record(cfg, "dlq.purge", {"destination": destination, "ids": selected, "count": n}, outbox.store)
     console.print(f"purged {n} dead letter(s)", markup=False)

@@ -20,6 +20,7 @@ import pluggy
 from pydantic import ValidationError
 
 from outrelay.core import hookspecs
+from outrelay.core.endpoints import check_options
 from outrelay.core.errors import ConfigError, MissingExtraError, UnknownTransportError
 from outrelay.core.transport import Transport
 
@@ -170,15 +171,21 @@ class Registry:
             ) from None
 
     def create_transport(self, name: str, options: Mapping[str, Any], *, destination: str) -> Transport:
-        """Validate ``options`` with the transport's config model and build it.
+        """Validate ``options`` with the transport's config model, and every address in them
+        (:func:`~outrelay.core.endpoints.check_options`: a port no socket can use), and build it.
 
         :raises ConfigError: unknown transport, missing extra or invalid options.
         """
-        cls = self.transport_spec(name).load()
+        where = f"destinations.{destination}"
+        try:
+            cls = self.transport_spec(name).load()
+        except ConfigError as exc:  # unknown transport, missing extra: say which destination names it
+            raise type(exc)(str(exc), where=where) from None
         try:
             config = cls.Config.model_validate(dict(options))
         except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc), where=f"destinations.{destination}") from None
+            raise ConfigError(format_validation_error(exc), where=where) from None
+        check_options(options, where=where)
         return cls(config, destination=destination)
 
 

@@ -23,8 +23,9 @@ def _is_table(model: type[BaseModel], name: str) -> bool:
 
 
 def test_reference_is_up_to_date() -> None:
-    """docs/configuration.md equals what the generator renders now (run `outrelay config docs` to refresh)."""
-    assert DOC.read_text() == render(), "docs/configuration.md is stale: run `outrelay config docs` and commit it"
+    """docs/configuration.md equals what the generator renders now (`outrelay config docs -o PATH` refreshes it)."""
+    stale = "docs/configuration.md is stale: run `outrelay config docs -o docs/configuration.md` and commit it"
+    assert DOC.read_text() == render(), stale
 
 
 def test_every_option_has_a_meaning() -> None:
