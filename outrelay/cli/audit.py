@@ -10,6 +10,7 @@ The HMAC key (``[audit] hmac_key``) is read to check MACs, never printed.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import uuid
@@ -20,7 +21,7 @@ from pathlib import Path
 import orjson
 import typer
 
-from outrelay.cli._common import ConfigOption, console, err_console, error_line, load
+from outrelay.cli._common import ConfigOption, console, err_console, error_line, load, quiet_stdout
 from outrelay.cli._validate import open_existing
 from outrelay.core import audit
 from outrelay.core.config import OutrelayConfig
@@ -123,13 +124,19 @@ def export(
         try:
             for line in audit.export_lines(store, after=after):
                 out.write(line + b"\n")
+        except BrokenPipeError:  # `audit export | head`: the reader has what it wanted
+            if output is not None:
+                raise ConfigError(f"cannot write {output}: broken pipe") from None
+            quiet_stdout()
+            return
         except OSError as exc:
             raise ConfigError(f"cannot write {output or 'stdout'}: {exc.strerror}") from None
         finally:
             if output is not None:
                 out.close()
             else:
-                out.flush()
+                with contextlib.suppress(BrokenPipeError):
+                    out.flush()
 
 
 def _as_events(cfg: OutrelayConfig, after: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import signal
 import time
@@ -29,6 +30,7 @@ from outrelay.core.errors import ConfigError, StoreError, StoreLockedError
 from outrelay.core.outbox import Outbox
 from outrelay.core.registry import Registry
 from outrelay.core.relay import Relay
+from outrelay.core.transport import Capabilities, Transport
 from outrelay.plugins.health import DEFAULT_STALL_AFTER
 
 __all__ = ["register"]
@@ -229,12 +231,11 @@ def transports(as_json: bool = typer.Option(False, "--json", help="Machine-reada
             doc["status"] = f'missing {", ".join(missing)}: pip install "outrelay[{spec.extra or name}]"'
         else:
             doc["status"] = "installed"
-            try:
-                cls = spec.load()
-                caps = cls(cls.Config(), destination=name).capabilities  # defaults, if the model has them
-                doc["capabilities"] = {k: getattr(caps, k) for k in caps.__dataclass_fields__}
-            except Exception:
+            caps = _default_capabilities(spec.load(), name)
+            if caps is None:
                 doc["capabilities"] = "depends on config"
+            else:
+                doc["capabilities"] = {k: getattr(caps, k) for k in caps.__dataclass_fields__}
         docs.append(doc)
     if as_json:
         console.print_json(orjson.dumps(docs).decode())
@@ -242,7 +243,7 @@ def transports(as_json: bool = typer.Option(False, "--json", help="Machine-reada
     for d in docs:
         info = d.get("capabilities")
         if isinstance(info, dict):
-            flags = [k for k in ("ordering_by_key", "ordered_batches", "native_dedupe", "reader") if info.get(k)]
+            flags = [k for k in _FLAGS if info.get(k)]
             extra = (
                 f"  [{', '.join(flags)}; batch<={info['max_batch_count']}; modes={','.join(info['cloudevents_modes'])}]"
             )
@@ -251,3 +252,32 @@ def transports(as_json: bool = typer.Option(False, "--json", help="Machine-reada
         else:
             extra = ""
         console.print(f"{d['name']:<11} {d['origin']:<28} {d['status']}{extra}", markup=False)
+
+
+_FLAGS = ("ordering_by_key", "ordered_batches", "native_dedupe", "reader", "subscriptions")
+#: stand-ins for options a transport requires, to show the capabilities of an otherwise default config
+_SAMPLES = {
+    "url": "https://example.com/hook",
+    "topic": "outrelay",
+    "queue": "outrelay",
+    "project": "example-project",
+    "topic_arn": "arn:aws:sns:us-east-1:123456789012:outrelay",
+    "queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/outrelay",
+    "connection_string": "Endpoint=sb://example.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v",
+}
+
+
+def _default_capabilities(cls: type[Transport], name: str) -> Capabilities | None:
+    """The capabilities of ``cls`` with its defaults (required options filled in with stand-ins),
+    or None when they cannot be known without a real config."""
+    fields = cls.Config.model_fields
+    required = {k: _SAMPLES.get(k, "outrelay") for k, f in fields.items() if f.is_required()}
+    optional = [k for k in _SAMPLES if k in fields and k not in required]
+    # e.g. Service Bus needs one of queue or topic, and one of connection_string or a namespace
+    for keys in itertools.chain.from_iterable(itertools.combinations(optional, n) for n in range(3)):
+        options = {**required, **{k: _SAMPLES[k] for k in keys}}
+        try:
+            return cls(cls.Config.model_validate(options), destination=name).capabilities
+        except Exception:  # not a config this transport accepts: try the next
+            continue
+    return None

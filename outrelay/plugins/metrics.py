@@ -10,13 +10,18 @@ Relay metrics (all labelled by ``destination``)::
 
     outrelay_published_total          messages the broker confirmed
     outrelay_duplicates_total         ... of which the broker reported as duplicates
-    outrelay_failed_total{outcome}    retry | rejected
+    outrelay_failed_total{outcome}    retry | rejected: sends that failed (a message held back,
+                                      unsent, behind a failed one of its stream is not counted)
     outrelay_batch_seconds            histogram of send() durations
     outrelay_delivery_latency_seconds histogram, per confirmed message: event time -> broker ack
     outrelay_pending                  deliveries not yet done (queue depth)
     outrelay_dead_letters             dead letters waiting for an operator
     outrelay_oldest_pending_seconds   age of the oldest pending delivery
     outrelay_disabled                 1 when the destination is disabled
+
+and, unlabelled by destination, ``outrelay_unrouted_events_total{reason}``: events no
+destination matched (``no_route``, ``tenant``), counted by this relay process
+(:mod:`outrelay.core.unrouted`).
 
 ``outrelay_delivery_latency_seconds`` starts at the event's ``time``: the
 envelope time, set when the application created the event just before
@@ -43,21 +48,24 @@ import asyncio
 import bisect
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.replay import replay_counts
+from outrelay.core.routing import UNROUTED_REASONS
 from outrelay.core.stores.base import DestinationStatus
 from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult
 from outrelay.plugins.health import Health
 
-__all__ = ["Metrics", "serve_metrics"]
+__all__ = ["Metrics", "serve_metrics", "was_not_sent"]
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: delivery latency reaches further: retries back off for minutes
 _LATENCY_BUCKETS = (*_BUCKETS, 30.0, 60.0, 300.0, 1800.0, 3600.0)
 _CONSUMED = ("handled", "skipped", "dead_lettered", "parked")
+#: how today's transports begin the error of a message they held back unsent (see was_not_sent)
+_NOT_SENT = ("not sent", "held back", "an earlier message with this")
 
 
 class Metrics:
@@ -93,7 +101,8 @@ class Metrics:
                 latency[bisect.bisect_left(_LATENCY_BUCKETS, seconds)] += 1
                 lat_sum += seconds
             elif isinstance(r, RetryLater):
-                self.failed[(destination, "retry")] += 1
+                if not was_not_sent(r):  # held back behind a failed one of its stream: never attempted
+                    self.failed[(destination, "retry")] += 1
             elif isinstance(r, Rejected):
                 self.failed[(destination, "rejected")] += 1
         self.latency_sum[destination] += lat_sum
@@ -117,8 +126,9 @@ class Metrics:
                 self._subscriptions.setdefault(id(sub), sub)
         return sorted(self._subscriptions.values(), key=lambda s: s.consumer)
 
-    def render(self, status: Sequence[DestinationStatus]) -> str:
-        """The Prometheus text exposition of counters plus ``status`` gauges."""
+    def render(self, status: Sequence[DestinationStatus], unrouted: Mapping[str, int] | None = None) -> str:
+        """The Prometheus text exposition of counters plus ``status`` gauges; ``unrouted``: the
+        relay's unrouted events per reason (``outrelay_unrouted_events_total``; None: not a relay)."""
         out: list[str] = []
 
         def family(name: str, kind: str, help_: str) -> None:
@@ -159,6 +169,10 @@ class Metrics:
             family(name, "gauge", help_)
             for s in status:
                 out.append(f'{name}{{destination="{s.destination}"}} {get(s):g}')
+        if unrouted is not None:
+            family("outrelay_unrouted_events_total", "counter", "Events no destination matched (delivered nowhere).")
+            for reason in sorted({*UNROUTED_REASONS, *unrouted}):
+                out.append(f'outrelay_unrouted_events_total{{reason="{_escape(reason)}"}} {unrouted.get(reason, 0)}')
         consumers = self._consumers()
         if consumers:
             totals: dict[tuple[str, str], int] = defaultdict(int)
@@ -180,6 +194,15 @@ class Metrics:
             family("outrelay_replayed_events_total", "counter", "Events folded by those replays.")
             out.append(f"outrelay_replayed_events_total {replays.events}")
         return "\n".join(out) + "\n"
+
+
+def was_not_sent(result: SendResult) -> bool:
+    """Whether ``result`` reports a message that was never attempted: held back, unsent, behind a
+    failed message of its stream (a send failed once, not once per message behind it). Today's
+    transports mark those as :class:`RetryLater` whose error starts with "not sent" or "held back"
+    (:func:`~outrelay.core.transport.not_sent`, :func:`~outrelay.core.transport.hold_after_failures`)
+    or, in the file, memory, Pub/Sub, Pulsar and Service Bus transports, "an earlier message with this"."""
+    return isinstance(result, RetryLater) and result.error.startswith(_NOT_SENT)
 
 
 def _escape(value: str) -> str:
@@ -224,7 +247,9 @@ async def serve_metrics(
             path = line.split(b" ")[1:2]
             if path == [b"/metrics"]:
                 status = await relay.db(relay.store.status, list(relay.transports), time.time()) if relay else []
-                body, code = metrics.render(status).encode(), b"200 OK"
+                report = getattr(relay, "unrouted_report", None)
+                unrouted = report.by_reason() if report is not None else None
+                body, code = metrics.render(status, unrouted).encode(), b"200 OK"
             elif path == [b"/healthz"] or (path == [b"/readyz"] and health is None):
                 body, code = b"ok\n", b"200 OK"
             elif path == [b"/readyz"] and health is not None:
