@@ -162,7 +162,10 @@ def _verify(
         first[s] = uniq
     unique = sum(len(v) for v in first.values())
     in_order = all(v == sorted(v) for v in first.values())
-    audit_lines = sum(1 for _ in audit.open("rb")) if audit.exists() else 0
+    audit_lines = 0
+    if audit.exists():
+        with audit.open("rb") as f:
+            audit_lines = sum(1 for _ in f)
     rate = n_events / elapsed if elapsed > 0 else float("inf")
     console.print(
         f"  delivered {unique}/{n_events} unique events to the webhook in {elapsed:.2f}s ({rate:,.0f} events/s)"

@@ -54,7 +54,7 @@ def test_reference_lists_every_transport_and_the_options_users_looked_for() -> N
 def test_docs_check_fails_on_a_stale_file(cli: Cli, tmp_path: Path) -> None:
     """`outrelay config docs --check` exits 1 for a stale file and 0 after `outrelay config docs` rewrote it."""
     target = tmp_path / "configuration.md"
-    target.write_text("# old\n")
+    target.write_text("# Configuration reference\n\nan older one\n")
     stale = cli("config", "docs", "--check", "--output", str(target))
     assert stale.returncode == 1 and "is stale" in stale.stderr
     assert cli("config", "docs", "--output", str(target)).returncode == 0

@@ -49,3 +49,26 @@ async def test_metrics_scrape(tmp_path: Path) -> None:
     assert 'outrelay_pending{destination="mem"} 0' in text
     assert 'outrelay_batch_seconds_bucket{destination="mem",le="+Inf"}' in text
     assert missing.status_code == 404
+
+
+async def test_messages_held_back_unsent_are_not_failed_sends(tmp_path: Path) -> None:
+    """One send fails and the nine events behind it in its stream are held back unsent: outrelay_failed_total
+    counts one retry, not ten (held-back messages were never attempted); all ten are then published."""
+    cfg = parse_config(
+        {
+            "outbox": {"url": f"sqlite:///{tmp_path}/o.db"},
+            "relay": {"poll_interval": 0.05},
+            "destinations": {"mem": {"transport": "memory", "broker": "held", "retry": {"initial_delay": 0.01}}},
+        }
+    )
+    outbox = Outbox.open(cfg.outbox.url)
+    outbox.append([Event(type="ok", stream="s") for _ in range(10)])
+    MemoryTransport.broker("held").fail_next = 1
+    relay = Relay(outbox, cfg)
+    metrics = Metrics()
+    relay.registry.pm.register(metrics)
+    summary = await relay.run(drain=True)
+    assert summary.counts["mem"]["delivered"] == 10 and summary.counts["mem"]["retried"] == 1
+    text = metrics.render([])
+    assert 'outrelay_failed_total{destination="mem",outcome="retry"} 1' in text
+    assert 'outrelay_published_total{destination="mem"} 10' in text
