@@ -19,6 +19,8 @@ Relay metrics (all labelled by ``destination``)::
     outrelay_oldest_pending_seconds   age of the oldest pending delivery
     outrelay_disabled                 1 when the destination is disabled
 
+    outrelay_failing_seconds          seconds failing (sends or opening) without one success; 0: healthy
+
 and, unlabelled by destination, ``outrelay_unrouted_events_total{reason}``: events no
 destination matched (``no_route``, ``tenant``), counted by this relay process
 (:mod:`outrelay.core.unrouted`).
@@ -35,6 +37,7 @@ Subscriber and replay metrics (present once there is something to report)::
     outrelay_consumed_total{consumer,outcome}   handled | skipped | dead_lettered | parked,
                                                  of subscriptions given to :meth:`Metrics.watch`
     outrelay_consumer_retries_total{consumer}   handler attempts that raised and were retried
+    outrelay_consumer_lag_seconds{consumer}     the last handled event's age when it was handled
     outrelay_replays_total                      replays (folds) run in this process
     outrelay_replayed_events_total              events those replays folded
 
@@ -126,9 +129,15 @@ class Metrics:
                 self._subscriptions.setdefault(id(sub), sub)
         return sorted(self._subscriptions.values(), key=lambda s: s.consumer)
 
-    def render(self, status: Sequence[DestinationStatus], unrouted: Mapping[str, int] | None = None) -> str:
-        """The Prometheus text exposition of counters plus ``status`` gauges; ``unrouted``: the
-        relay's unrouted events per reason (``outrelay_unrouted_events_total``; None: not a relay)."""
+    def render(
+        self,
+        status: Sequence[DestinationStatus],
+        unrouted: Mapping[str, int] | None = None,
+        failing: Mapping[str, float] | None = None,
+    ) -> str:
+        """The Prometheus text exposition of counters plus ``status`` gauges; a relay also gives its
+        ``unrouted`` events per reason (``outrelay_unrouted_events_total``) and, per destination, the
+        seconds it has been ``failing`` without one success (``outrelay_failing_seconds``, 0: healthy)."""
         out: list[str] = []
 
         def family(name: str, kind: str, help_: str) -> None:
@@ -169,6 +178,14 @@ class Metrics:
             family(name, "gauge", help_)
             for s in status:
                 out.append(f'{name}{{destination="{s.destination}"}} {get(s):g}')
+        if failing is not None:
+            family(
+                "outrelay_failing_seconds",
+                "gauge",
+                "Seconds a destination has been failing (deliveries or opening) without one success; 0 when healthy.",
+            )
+            for d, seconds in sorted(failing.items()):
+                out.append(f'outrelay_failing_seconds{{destination="{d}"}} {seconds:.3f}')
         if unrouted is not None:
             family("outrelay_unrouted_events_total", "counter", "Events no destination matched (delivered nowhere).")
             for reason in sorted({*UNROUTED_REASONS, *unrouted}):
@@ -177,16 +194,25 @@ class Metrics:
         if consumers:
             totals: dict[tuple[str, str], int] = defaultdict(int)
             retries: dict[str, int] = defaultdict(int)
+            lag: dict[str, float] = defaultdict(float)
             for sub in consumers:
                 for outcome in _CONSUMED:
                     totals[(sub.consumer, outcome)] += getattr(sub.stats, outcome)
                 retries[sub.consumer] += sub.stats.retries
+                lag[sub.consumer] = max(lag[sub.consumer], sub.stats.lag_seconds)
             family("outrelay_consumed_total", "counter", "Events a subscription took off the broker, by outcome.")
             for (c, outcome), v in totals.items():
                 out.append(f'outrelay_consumed_total{{consumer="{_escape(c)}",outcome="{outcome}"}} {v}')
             family("outrelay_consumer_retries_total", "counter", "Handler attempts that raised and were retried.")
             for c, v in retries.items():
                 out.append(f'outrelay_consumer_retries_total{{consumer="{_escape(c)}"}} {v}')
+            family(
+                "outrelay_consumer_lag_seconds",
+                "gauge",
+                "Seconds from the last handled event's time (set at append) to when it was handled.",
+            )
+            for c, seconds in lag.items():
+                out.append(f'outrelay_consumer_lag_seconds{{consumer="{_escape(c)}"}} {seconds:.3f}')
         replays = replay_counts()
         if replays.folds:
             family("outrelay_replays_total", "counter", "Replays (folds of a stream's history) run in this process.")
@@ -249,7 +275,8 @@ async def serve_metrics(
                 status = await relay.db(relay.store.status, list(relay.transports), time.time()) if relay else []
                 report = getattr(relay, "unrouted_report", None)
                 unrouted = report.by_reason() if report is not None else None
-                body, code = metrics.render(status, unrouted).encode(), b"200 OK"
+                failing = {n: w.outage_seconds() or 0.0 for n, w in getattr(relay, "workers", {}).items()}
+                body, code = metrics.render(status, unrouted, failing if relay else None).encode(), b"200 OK"
             elif path == [b"/healthz"] or (path == [b"/readyz"] and health is None):
                 body, code = b"ok\n", b"200 OK"
             elif path == [b"/readyz"] and health is not None:
