@@ -30,7 +30,6 @@ from outrelay.core.transport import Transport
 
 __all__ = ["open_existing", "outbox_problem", "permanent", "validate"]
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 #: PostgreSQL answers that do not change by waiting (a server that is starting or down does)
 _PG_PERMANENT = ("does not exist", "password authentication failed", "no pg_hba.conf entry", "permission denied")
 
@@ -87,24 +86,30 @@ def outbox_problem(url: str, *, create: bool) -> str | None:
         return f"this user (uid {os.getuid()}) may not read and write the outbox {str(path)!r}"
     if not os.access(parent, os.W_OK | os.X_OK):  # SQLite keeps its -wal and -shm files next to it
         return f"this user (uid {os.getuid()}) may not write {str(parent)!r}, where SQLite keeps the outbox's journal"
-    with path.open("rb") as f:
-        head = f.read(len(_SQLITE_MAGIC))
-    if head and head != _SQLITE_MAGIC:
+    tables = _has_outbox_tables(path)
+    if tables is None:
         return f"{str(path)!r} is not a SQLite database (outbox.url {url})"
-    if not create and not _has_outbox_tables(path):
+    if not create and not tables:
         return f"{str(path)!r} is a SQLite database without an outbox (no outrelay tables): check outbox.url"
     return None
 
 
-def _has_outbox_tables(path: Path) -> bool:
+def _has_outbox_tables(path: Path) -> bool | None:
+    """Whether the SQLite database ``path`` has the outbox's tables; None: not a SQLite database.
+
+    Read through SQLite, never with a plain ``open()``: closing a file descriptor of a database drops
+    every POSIX lock this process holds on it, which lets another process checkpoint the WAL under
+    this process's connections and corrupt the database (sqlite.org/howtocorrupt.html, 2.2)."""
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
             return db.execute("SELECT 1 FROM sqlite_master WHERE name = 'outrelay_events'").fetchone() is not None
         finally:
             db.close()
+    except sqlite3.DatabaseError as exc:
+        return None if "not a database" in str(exc) else True  # other errors: the store says what is wrong
     except sqlite3.Error:
-        return True  # let the store say what is wrong
+        return True
 
 
 def open_existing(cfg: OutrelayConfig, where: str | None = None) -> Outbox:

@@ -207,7 +207,13 @@ def emit(
         raise ConfigError(f"--data is not valid JSON: {exc}") from None
     labels, meta = _parse_kv(label, "--label"), _parse_kv(metadata, "--metadata")
     src = source or cfg.source or "outrelay"
-    with Outbox.open(cfg.outbox.url, max_event_bytes=cfg.outbox.max_event_bytes) as outbox:
+    encode = None
+    if cfg.crypto is not None and cfg.crypto.at_rest:  # sealed at append, as the application's appends are
+        from outrelay.plugins.crypto import PayloadCrypto
+
+        with config_context(config):
+            encode = PayloadCrypto.from_config(cfg).outbox_encoder
+    with Outbox.open(cfg.outbox.url, max_event_bytes=cfg.outbox.max_event_bytes, encode=encode) as outbox:
         ids: list[str] = []
         for start in range(0, count, 1000):
             batch = []

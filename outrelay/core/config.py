@@ -21,9 +21,16 @@
     destinations = ["hooks"]
     on_exhausted = "dead-letter" # or "park"
 
+Without any ``[[routes]]``, every event goes to every destination. With
+routes, an event goes to the destinations of every route it matches; an event
+that matches none is delivered nowhere, and the relay logs it once per type and
+counts it (``outrelay status``, ``/metrics``, the run summary).
+
 Every error is a :class:`~outrelay.ConfigError` naming the file and key.
 Transport options are validated by the transport's own model when the
-destination is built (:meth:`Registry.create_transport`).
+destination is built (:meth:`Registry.create_transport`), addresses too (a
+port no socket can use); ``outrelay check --offline``, ``check`` and ``run``
+validate the whole config alike, before anything is created.
 """
 
 from __future__ import annotations
