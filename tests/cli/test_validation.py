@@ -107,3 +107,25 @@ def test_permanent_outbox_errors_fail_a_start_at_once(cli_here: Cli, tmp_path: P
         assert time.monotonic() - started < 3
         check = cli_here("check")
         assert check.returncode == 1 and f"FAIL  outbox       {needle}" in check.stdout, check.stdout
+
+
+def test_check_reads_the_keys_run_would_read(cli_here: Cli, tmp_path: Path) -> None:
+    """A [crypto] key whose variable is unset fails `check --offline` as it fails `run`: exit 2, one line
+    naming the key, nothing created; with the key set, `emit` seals what it appends (at_rest)."""
+    import base64
+    import os
+
+    from outrelay import Outbox
+
+    (tmp_path / "outrelay.toml").write_text(
+        '[crypto]\nencrypt_with = "k1"\nat_rest = true\n[crypto.keys]\nk1 = "env:OR_TEST_DOC_K1"\n'
+        '[destinations.f]\ntransport = "file"\npath = "o.jsonl"\n'
+    )
+    for args in (("check", "--offline"), ("run", "--drain")):
+        one_line(cli_here(*args, env={"OR_TEST_DOC_K1": ""}), "crypto.keys.k1")
+    assert not (tmp_path / "outbox.db").exists()
+    key = base64.b64encode(os.urandom(32)).decode()
+    assert cli_here("emit", "-t", "t", "-s", "s", "-d", '{"secret": 1}', env={"OR_TEST_DOC_K1": key}).returncode == 0
+    with Outbox.open(f"sqlite:///{tmp_path}/outbox.db") as outbox:
+        (event,) = outbox.store.events()
+    assert event.metadata["keyid"] == "k1" and b"secret" not in event.data
