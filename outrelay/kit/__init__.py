@@ -31,7 +31,8 @@ Everything a transport needs, and nothing it should not touch::
   (binary mode under a protocol prefix, ``""`` for none), :func:`attributes` /
   :func:`from_attributes`, :func:`to_structured` / :func:`from_structured` /
   :func:`is_structured` (JSON structured mode, :data:`STRUCTURED_CONTENT_TYPE`);
-* TLS — :func:`client_ssl_context`, :func:`certificate_refused`, :func:`tls_hint`;
+* TLS — :func:`client_ssl_context`, :func:`certificate_refused`, :func:`tls_hint`; sockets a client
+  library left open — :func:`close_writer` (bounded, then aborted);
 * registration — :func:`transport_plugin` (one line per transport), or
   :data:`hookimpl` and :class:`Registry` for the ``outrelay_add_transports`` hook.
 
@@ -91,6 +92,7 @@ from outrelay.kit._ordering import (
     send_pipelined,
 )
 from outrelay.kit._plugin import transport_plugin
+from outrelay.kit._streams import close_writer
 from outrelay.kit._tls import certificate_refused, client_ssl_context, tls_hint
 
 __all__ = [
@@ -132,6 +134,7 @@ __all__ = [
     "binary_headers",
     "certificate_refused",
     "client_ssl_context",
+    "close_writer",
     "current_progress",
     "deferred",
     "failing_staged",
