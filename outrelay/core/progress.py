@@ -6,7 +6,7 @@ at the start of ``send`` with :func:`current_progress` and::
 
     progress = current_progress()
     ...
-    progress.report(message, Delivered())        # as soon as the broker confirmed it
+    progress.report(message, Delivered())        # once the broker confirmed it (or record(batch, results))
     if not progress.may_start(expected=latency):  # before starting a later message of a key
         ...report it NotSent and start nothing more of that key...
 
@@ -18,6 +18,11 @@ When the send is cut — ``attempt_timeout`` expired, the relay cancelled it
 at shutdown, or it raised for the whole batch (a lost connection) — the
 relay settles every message reported :class:`Delivered` as delivered and only
 the rest is retried; nothing the broker confirmed is sent again.
+
+"As soon as" means before ``send`` can be cut after it: a helper that learns
+outcomes in callbacks may record them together when it returns or is
+cancelled, as long as every outcome it learnt is recorded before the cut
+reaches the relay (the kit's helpers record at their exit, normal or not).
 
 ``may_start`` is the soft side of the deadline: a message expected to take
 ``expected`` seconds is not started when it would end too close to the
@@ -69,6 +74,10 @@ class Progress:
         """Record ``message``'s outcome (the last report wins; Delivered is final)."""
         self._outcomes[id(message)] = result
 
+    def record(self, batch: Sequence[Message], results: Sequence[SendResult | None]) -> None:
+        """Record the outcomes known for a batch at once (``None``: not known yet)."""
+        self._outcomes.update({id(m): r for m, r in zip(batch, results, strict=True) if r is not None})
+
     def outcome(self, message: Message) -> SendResult | None:
         """What was reported for ``message``, or None."""
         return self._outcomes.get(id(message))
@@ -110,6 +119,9 @@ class _Detached(Progress):
     __slots__ = ()
 
     def report(self, message: Message, result: SendResult) -> None:
+        pass
+
+    def record(self, batch: Sequence[Message], results: Sequence[SendResult | None]) -> None:
         pass
 
     def may_start(self, expected: float = 0.0) -> bool:

@@ -1,8 +1,8 @@
 """Ordering helpers: send a batch keeping ``ordered_batches`` honest, and report progress.
 
-Three ways to send, from the safest to the fastest; each reports every
-outcome to the send's :class:`~outrelay.core.progress.Progress` as soon as it
-is known, and honours its deadline and stop (so a cut batch keeps what was
+Three ways to send, from the safest to the fastest; each records every
+outcome in the send's :class:`~outrelay.core.progress.Progress` before the
+send can be cut after it, and honours its deadline and stop (so a cut batch keeps what was
 confirmed, and nothing is started that cannot finish):
 
 * :func:`send_in_key_order` — one awaited ``publish(message)`` per message:
@@ -27,7 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from outrelay.core.progress import Progress, current_progress
+from outrelay.core.progress import DEADLINE_MARGIN, Progress, current_progress
 from outrelay.core.transport import Delivered, Message, NotSent, Rejected, RetryLater, SendResult
 
 __all__ = [
@@ -136,20 +136,16 @@ async def send_pipelined(
     exception itself is not raised here). The futures are then awaited
     together, at most ``timeout`` seconds, after which the rest are
     cancelled; ``outcome(m, future)`` maps each done or cancelled future to a
-    result, which is reported to the progress as soon as the future is done.
-    :func:`hold_after_failures` then applies. If the send itself is
-    cancelled, the started futures are cancelled and CancelledError raised.
+    result. :func:`hold_after_failures` then applies. The outcomes are
+    recorded in the progress when the send returns; if it is cancelled
+    instead, those that arrived are recorded, the other futures cancelled and
+    CancelledError raised.
     """
     progress = current_progress()
     results: list[SendResult | None] = [None] * len(batch)
     started: dict[int, asyncio.Future[Any]] = {}
-
-    def done(i: int, future: asyncio.Future[Any]) -> None:
-        results[i] = r = outcome(batch[i], future)
-        progress.report(batch[i], r)
-
     try:
-        await _start_in_order(batch, start, progress, results, started, done)
+        await _start_in_order(batch, start, progress, results, started)
         if flush is not None:
             with contextlib.suppress(Exception):  # the staged futures carry the failure
                 await flush()
@@ -158,13 +154,18 @@ async def send_pipelined(
             _cancel_pending(list(late))
             if late:  # let cancelled tasks finish unwinding before their outcome is read
                 await asyncio.wait(late)
-    except asyncio.CancelledError:
-        _cancel_pending(list(started.values()))
+    except BaseException:  # cut (cancelled) or a failing start: keep what the broker answered
+        for i, future in started.items():
+            if future.done() and not future.cancelled():
+                results[i] = outcome(batch[i], future)
+        progress.record(batch, results)
+        _cancel_pending(started.values())
         raise
     for i, future in started.items():
-        if results[i] is None:  # its done callback has not run yet
-            results[i] = outcome(batch[i], future)
-    return hold_after_failures(batch, _filled(results), destination=destination, log=log, fix=fix)
+        results[i] = outcome(batch[i], future)
+    out = hold_after_failures(batch, _filled(results), destination=destination, log=log, fix=fix)
+    progress.record(batch, out)
+    return out
 
 
 async def _start_in_order(
@@ -173,7 +174,6 @@ async def _start_in_order(
     progress: Progress,
     results: list[SendResult | None],
     started: dict[int, asyncio.Future[Any]],
-    done: Callable[[int, asyncio.Future[Any]], None],
 ) -> None:
     """:func:`send_pipelined`'s writes: in batch order, none after a local failure of its key."""
     halted: set[str] = set()
@@ -181,7 +181,7 @@ async def _start_in_order(
         if m.key in halted:
             results[i] = not_sent(m.key)
             continue
-        if not progress.may_start():
+        if progress.stopped:
             results[i] = deferred(progress)
             halted.add(m.key)
             continue
@@ -191,7 +191,6 @@ async def _start_in_order(
             halted.add(m.key)
             continue
         started[i] = begun
-        begun.add_done_callback(functools.partial(done, i))
 
 
 class _Chain:
@@ -204,7 +203,7 @@ class _Chain:
         self.progress = current_progress()
         self.loop = asyncio.get_running_loop()
         self.results: list[SendResult | None] = [None] * len(batch)
-        #: (lane, position, its result, its latency) of outcomes not yet acted on
+        #: (lane, position, its result, when its round began) of outcomes not yet acted on
         self.arrived: list[tuple[list[int], int, SendResult, float]] = []
         self.wake: asyncio.Future[None] | None = None  # the driver's, while it waits for an outcome
         #: one timer at a time, at the earliest deadline when it was set: it may ring early (that
@@ -221,8 +220,7 @@ class _Chain:
         self.pending.discard(future)
         i = lane[n]
         self.results[i] = r = self.outcome(self.batch[i], future)
-        self.progress.report(self.batch[i], r)
-        self.arrived.append((lane, n, r, self.loop.time() - began))
+        self.arrived.append((lane, n, r, began))
         self.rouse()
 
     def ring(self) -> None:
@@ -234,9 +232,10 @@ class _Chain:
             self.results[j] = result(self.batch[j])
 
     async def start_round(self, due: list[tuple[list[int], int]], start: Start) -> None:
+        began = self.loop.time()  # one clock reading per round: its messages are written together
         for lane, n in due:
             i = lane[n]
-            if not self.progress.may_start():
+            if self.progress.stopped:
                 self.halt(lane, n, lambda _m: deferred(self.progress))
                 continue
             begun = await start(self.batch[i])
@@ -245,9 +244,9 @@ class _Chain:
                 self.halt(lane, n + 1, lambda m: not_sent(m.key))
                 continue
             self.pending.add(begun)
-            begun.add_done_callback(functools.partial(self.arrive, lane, n, self.loop.time()))
+            begun.add_done_callback(functools.partial(self.arrive, lane, n, began))
             if self.timeout is not None:
-                self.deadlines.append((self.loop.time() + self.timeout, begun))
+                self.deadlines.append((began + self.timeout, begun))
 
     async def wait(self) -> None:
         """Until an outcome arrives, cancelling messages whose own timeout passed."""
@@ -268,15 +267,19 @@ class _Chain:
             late.cancel()  # its outcome arrives (cancelled) like any other
 
     def next_round(self) -> list[tuple[list[int], int]]:
-        """Act on the arrived outcomes: each confirmed key's next message, if it may start."""
+        """Act on the arrived outcomes: each confirmed key's next message, if its predecessor's
+        latency still fits before the deadline (``Progress.may_start``, read inline: once per round)."""
         due: list[tuple[list[int], int]] = []
-        for lane, n, r, latency in self.arrived:
+        now = self.loop.time()
+        deadline = self.progress.deadline
+        for lane, n, r, began in self.arrived:
             if not isinstance(r, Delivered):
                 self.halt(lane, n + 1, lambda m: not_sent(m.key))
             elif n + 1 < len(lane):
-                if self.progress.may_start(latency):
+                if deadline is None or now + (now - began) * DEADLINE_MARGIN < deadline:
                     due.append((lane, n + 1))
                 else:
+                    self.progress.declined = True
                     self.halt(lane, n + 1, lambda _m: deferred(self.progress))
         self.arrived.clear()
         return due
@@ -305,8 +308,8 @@ async def send_chained(
     ``flush`` (as there), ``start`` may only stage and ``flush()`` writes what
     was staged, once per round of starts. Each outcome is awaited at most
     ``timeout`` seconds after its message was started; then its future is
-    cancelled and ``outcome`` maps it. Every outcome is reported to the
-    progress as it arrives. ``destination`` and ``log`` are accepted for
+    cancelled and ``outcome`` maps it. The outcomes that arrived are recorded
+    in the progress when the send returns or is cancelled. ``destination`` and ``log`` are accepted for
     symmetry with :func:`send_pipelined` (one message per key in flight cannot
     break order). If the send is cancelled, the futures in flight are
     cancelled and CancelledError raised.
@@ -325,12 +328,13 @@ async def send_chained(
             if not chain.arrived:
                 await chain.wait()
             due = chain.next_round()
-    except asyncio.CancelledError:
+    except BaseException:  # cut (cancelled) or a failing start: keep what the broker answered
         _cancel_pending(list(chain.pending))
         raise
     finally:
         if chain.timer is not None:
             chain.timer.cancel()
+        chain.progress.record(batch, chain.results)
     return _filled(chain.results)
 
 
