@@ -63,7 +63,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 
-from outrelay.core.transport import Received
+from outrelay.core.reading import Received
 
 __all__ = ["Inbound", "SubscriptionBackend", "SubscriptionSpec", "no_ack"]
 

@@ -22,9 +22,10 @@ from outrelay.core.errors import RetryableError
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 from outrelay.core.templates import Template
-from outrelay.core.transport import (
+from outrelay.kit import (
     Capabilities,
     Delivered,
+    LifecycleTransport,
     Message,
     Reader,
     Received,
@@ -33,7 +34,6 @@ from outrelay.core.transport import (
     SendResult,
     TransportConfig,
 )
-from outrelay.kit import LifecycleTransport
 from outrelay.transports._memory_bus import MemoryGroup, MemorySubscription
 
 if TYPE_CHECKING:
@@ -173,6 +173,9 @@ class MemoryTransport(LifecycleTransport):
         b.messages[m.target].append(r)
         b.log.append(r)
         return Delivered()
+
+    async def _close(self) -> None:
+        """Nothing to release: the broker lives on for readers and other transports."""
 
     async def _check(self) -> str:
         return (
