@@ -36,6 +36,13 @@ class TestRedisClusterConformance(ConformanceSuite):
             keys.append(key)
             return key
 
+        async def publish_foreign(key: str) -> None:
+            client = RedisCluster.from_url(redis_cluster_url)
+            try:
+                await client.xadd(key, {"hello": b"world"})  # no ce_* fields: not an outrelay CloudEvent
+            finally:
+                await client.aclose()
+
         def make(key: str, url: str) -> RedisTransport:
             cfg = RedisConfig(url=url, stream=key, cluster=True, connect_timeout=1.0, socket_timeout=3.0)
             return RedisTransport(cfg, destination="conformance")
@@ -51,6 +58,8 @@ class TestRedisClusterConformance(ConformanceSuite):
             label="redis cluster (6 real redis-server nodes, cluster = true)",
             read_timeout=5.0,
             binding=Binding("redis", prefix="ce_"),
+            publish_foreign=publish_foreign,
+            claim_timeout=2.0,
         )
         if keys:
             client = RedisCluster.from_url(redis_cluster_url)
