@@ -28,10 +28,9 @@ import time
 from collections.abc import Sequence
 
 from outrelay.conformance._harness import CheckFailed, CheckSkipped, Context, check, guarded
+from outrelay.conformance._members import Handling, Member
 from outrelay.conformance._subscribe import (
     HANDOVER_SLACK,
-    Handling,
-    Member,
     Subscribing,
     exclusive,
     faithful,

@@ -29,7 +29,7 @@ def sqlbus_target(cls: type[SqlBusTransport], tmp_path: Path) -> ConformanceTarg
     return ConformanceTarget(
         make_transport=lambda target: cls(SqlBusConfig(path=path, target=target)),
         publish_foreign=publish_foreign,
-        claim_timeout=0.5,
+        claim_timeout=1.0,  # members stamp their liveness at every receive: keep a loaded machine from looking dead
         label="sqlbus (a SQLite file)",
         read_timeout=1.5,
         timeout=5.0,
