@@ -43,7 +43,6 @@ from outrelay.core.errors import OutrelayError
 __all__: list[str] = []
 
 HOLD = 0.005  # how long a member holds each message before acking it: long enough for an overlap to show
-GRACE = 0.3  # how long a check keeps listening after the last expected event (duplicates, strays)
 JOIN_HEAD = 0.1  # how long a second member has been joining when the first one dies or stops
 
 
@@ -52,8 +51,8 @@ def _ids(events: Sequence[Event]) -> set[str]:
 
 
 async def _quiet(sub: Subscribing, members: Sequence[Member]) -> list[Handling]:
-    """The members' handlings after :data:`GRACE` more seconds (a duplicate would show up now)."""
-    await asyncio.sleep(GRACE)
+    """The members' handlings after ``sub.grace`` more seconds (a duplicate would show up now)."""
+    await asyncio.sleep(sub.grace)
     return sub.handlings(members)
 
 
@@ -184,7 +183,7 @@ async def subscription_fanout(ctx: Context) -> None:
         m.run()
     for m in members:
         await sub.until([m], _ids(events), sub.deliver, "events published after start() returned")
-    await asyncio.sleep(GRACE)
+    await asyncio.sleep(sub.grace)
     for m in members:
         got = sub.handlings([m])
         once(sub, got)

@@ -60,6 +60,9 @@ class Subscribing:
         self.deliver = ctx.read_timeout + self.claim_timeout
         #: how long a dead or stopped member's events may take to reach another one ("about claim_timeout")
         self.handover = 2 * self.claim_timeout + HANDOVER_SLACK
+        #: how long a check keeps listening after the last expected event (duplicates, strays): a peer that
+        #: delivers within a short read_timeout shows them sooner
+        self.grace = min(0.3, ctx.read_timeout / 10)
         self.members: list[Member] = []
         self.index: dict[str, tuple[str, int]] = {}  # event id -> (stream, index in the stream)
         self.sent: dict[str, Event] = {}

@@ -120,6 +120,9 @@ class TestForeignMessage:
 
 
 class TestInbox:
+    # the in-process bus, and one broker with member processes that really die: that every broker hands a dead
+    # member's unacked events to a survivor is the conformance suite's subscription_member_killed
+    @pytest.mark.parametrize("harness", ["memory", "redis"], indirect=True)
     async def test_redelivery_after_a_crash_is_skipped_by_the_inbox(self, harness: Harness) -> None:
         """A member that dies after committing an event's effects but before the ack: the survivor skips it."""
         app_db = harness.tmp / "app.db"

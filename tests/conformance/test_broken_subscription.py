@@ -31,7 +31,7 @@ def sqlbus_target(cls: type[SqlBusTransport], tmp_path: Path) -> ConformanceTarg
         publish_foreign=publish_foreign,
         claim_timeout=1.0,  # members stamp their liveness at every receive: keep a loaded machine from looking dead
         label="sqlbus (a SQLite file)",
-        read_timeout=1.5,
+        read_timeout=1.0,
         timeout=5.0,
     )
 
