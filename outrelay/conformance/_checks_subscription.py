@@ -249,10 +249,9 @@ async def subscription_foreign_message(ctx: Context) -> None:
     """A message that is not an outrelay CloudEvent (hook publish_foreign) reaches a group member and a fan-out
     subscriber as an Inbound with received=None and an error saying why, never as an exception; later events
     follow."""
+    sub = await Subscribing.open(ctx, needs=("publish_foreign",))
     hook = ctx.ct.publish_foreign
-    if hook is None:
-        raise ctx.no_hook("publish_foreign")
-    sub = await Subscribing.open(ctx)
+    assert hook is not None
     members = [await sub.member("g", sub.group("g")), await sub.member("f", None)]
     await guarded("publish_foreign()", hook(sub.target), max(ctx.timeout, 30.0))
     after = sub.events(2, 1)

@@ -33,6 +33,8 @@ PREFETCH = 32
 #: the handover bound is 2 * claim_timeout + this: the broker drops a dead member after claim_timeout, and a
 #: rebalance, lease renewal or claim sweep comes on top (a Kafka group: a session timeout, then a rebalance round)
 HANDOVER_SLACK = 2.0
+#: the ConformanceTarget hooks ``Subscribing.open(needs=...)`` may name
+HOOKS = ("publish_foreign",)
 #: how a skip names what ``Subscribing.open(needs=...)`` found unsupported
 NEEDS = {"processes": "member processes", "from_beginning": "from_beginning"}
 
@@ -71,13 +73,16 @@ class Subscribing:
     @classmethod
     async def open(cls, ctx: Context, needs: Sequence[str] = ()) -> Subscribing:
         """A fresh target and an opened publisher. Skips unless the transport declares subscriptions, and
-        when the target or transport class declares one of ``needs`` unsupported."""
+        when the target or transport class declares one of ``needs`` unsupported (or, for a hook such as
+        ``publish_foreign``, the target does not give it)."""
         probe = ctx.ct.make_transport(ctx.unique)  # never opened: only asked for its capabilities
         if not isinstance(probe, Transport):
             raise CheckFailed(f"make_transport returned {type(probe).__name__}, not an outrelay.Transport")
         if not probe.capabilities.subscriptions:
             raise CheckSkipped("transport declares no subscriptions (capabilities.subscriptions is false)")
         for need in needs:
+            if need in HOOKS and getattr(ctx.ct, need) is None:
+                raise ctx.no_hook(need)
             reason = unsupported(ctx, probe, need)
             if reason is not None:
                 raise CheckSkipped(f"the target declares no {NEEDS.get(need, need)}: {reason}")
