@@ -75,7 +75,12 @@ class Subscribing:
         """A fresh target and an opened publisher. Skips unless the transport declares subscriptions, and
         when the target or transport class declares one of ``needs`` unsupported (or, for a hook such as
         ``publish_foreign``, the target does not give it)."""
-        probe = ctx.ct.make_transport(ctx.unique)  # never opened: only asked for its capabilities
+        name: str | None = None
+        try:  # never opened: only asked for its capabilities, before anything is provisioned for nothing
+            probe = ctx.ct.make_transport(ctx.unique)
+        except Exception:  # a factory that wants a provisioned target (a URL, a queue that must exist)
+            name = await ctx.new_target()
+            probe = ctx.transport(name)
         if not isinstance(probe, Transport):
             raise CheckFailed(f"make_transport returned {type(probe).__name__}, not an outrelay.Transport")
         if not probe.capabilities.subscriptions:
@@ -86,7 +91,7 @@ class Subscribing:
             reason = unsupported(ctx, probe, need)
             if reason is not None:
                 raise CheckSkipped(f"the target declares no {NEEDS.get(need, need)}: {reason}")
-        name = await ctx.new_target()
+        name = name or await ctx.new_target()
         return cls(ctx, await _session(ctx, name), name)
 
     def group(self, tag: str) -> str:
