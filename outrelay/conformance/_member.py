@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import importlib
 import importlib.util
+import os
 import pickle
 import signal
 import sys
@@ -51,7 +52,12 @@ def _import(name: str, file: str | None) -> None:
         raise ImportError(f"cannot import {name!r} from {file!r}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    folder = os.path.dirname(os.path.abspath(file))
+    sys.path.insert(0, folder)  # its own sibling imports work, as with the runner's --plugin path/to/file.py
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
 
 
 async def _loop(backend: Any, job: dict[str, Any], out: BinaryIO, stopping: asyncio.Event) -> None:

@@ -99,6 +99,18 @@ class TestBuildTarget:
         run_check(target, "subscription_foreign_message", tmp_path)
         assert build_target(str(config), "mem").publish_foreign is None
 
+    def test_member_processes_of_a_plugin_loaded_from_a_file(self, tmp_path: Path) -> None:
+        """A transport loaded with --plugin path/to/file.py (a module no name imports) still has group members in
+        processes of their own: they import that file too."""
+        plugin = tmp_path / "carrier_plugin.py"
+        plugin.write_text(
+            "from tests.conformance._sqlbus import SqlBusTransport\n\n\n"
+            "class CarrierBus(SqlBusTransport):\n    name = 'carrierbus'\n"
+        )
+        options = {"path": str(tmp_path / "bus.db"), "target": "events"}
+        target = build_target(None, None, plugins=[str(plugin)], options=options, read_timeout=2.0, timeout=5.0)
+        run_check(target, "subscription_group_processes", tmp_path)
+
     def test_unknown_destination_is_a_config_error(self, config: Path) -> None:
         """An unknown destination raises ConfigError naming the defined ones."""
         with pytest.raises(ConfigError, match=r"no destination 'nope' \(defined: files, mem\)"):
