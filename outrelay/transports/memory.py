@@ -104,6 +104,10 @@ class MemoryTransport(LifecycleTransport):
     name = "memory"
     Config = MemoryConfig
     conformance_unreachable_options: ClassVar[Mapping[str, Any] | None] = {"down": True}
+    #: what the conformance suite cannot certify here, and why (see outrelay.conformance.ConformanceTarget)
+    conformance_unsupported: ClassVar[Mapping[str, str]] = {
+        "processes": "an in-process broker: members in other processes cannot reach it"
+    }
     _brokers: ClassVar[dict[str, MemoryBroker]] = {}
 
     def __init__(self, config: MemoryConfig | None = None, *, destination: str = "memory") -> None:
