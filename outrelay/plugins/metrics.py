@@ -58,7 +58,7 @@ from outrelay.core.hookspecs import hookimpl
 from outrelay.core.replay import replay_counts
 from outrelay.core.routing import UNROUTED_REASONS
 from outrelay.core.stores.base import DestinationStatus
-from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult
+from outrelay.core.transport import Delivered, Message, NotSent, Rejected, RetryLater, SendResult
 from outrelay.plugins.health import Health
 
 __all__ = ["Metrics", "serve_metrics", "was_not_sent"]
@@ -67,7 +67,7 @@ _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 #: delivery latency reaches further: retries back off for minutes
 _LATENCY_BUCKETS = (*_BUCKETS, 30.0, 60.0, 300.0, 1800.0, 3600.0)
 _CONSUMED = ("handled", "skipped", "dead_lettered", "parked")
-#: how today's transports begin the error of a message they held back unsent (see was_not_sent)
+#: how transports not yet moved to NotSent begin the error of a message they held back (see was_not_sent)
 _NOT_SENT = ("not sent", "held back", "an earlier message with this")
 
 
@@ -223,11 +223,13 @@ class Metrics:
 
 
 def was_not_sent(result: SendResult) -> bool:
-    """Whether ``result`` reports a message that was never attempted: held back, unsent, behind a
-    failed message of its stream (a send failed once, not once per message behind it). Today's
-    transports mark those as :class:`RetryLater` whose error starts with "not sent" or "held back"
-    (:func:`~outrelay.core.transport.not_sent`, :func:`~outrelay.core.transport.hold_after_failures`)
-    or, in the file, memory, Pub/Sub, Pulsar and Service Bus transports, "an earlier message with this"."""
+    """Whether ``result`` reports a message that was never attempted (:class:`NotSent`: held back
+    behind a failed message of its stream, or not started before a deadline or a stop), so that a
+    send that failed once is counted once, not once per message behind it. Transports not yet moved
+    to :class:`NotSent` say so with a :class:`RetryLater` whose error starts with "not sent", "held
+    back" or "an earlier message with this"; those are recognised too."""
+    if isinstance(result, NotSent):
+        return True
     return isinstance(result, RetryLater) and result.error.startswith(_NOT_SENT)
 
 
