@@ -46,10 +46,10 @@ def test_a_destination_that_cannot_open_is_failing(cli_here: Cli, tmp_path: Path
 
 def test_the_state_shows_the_latest_error(cli_here: Cli, tmp_path: Path) -> None:
     """Two streams fail one after the other with different errors: the destination's state shows the second
-    (latest) error, not the first stream's error from the start of the outage."""
+    (latest) error, not the error of the stream listed first (due first, failing since the outage began)."""
     (tmp_path / "outrelay.toml").write_text(
         BASE + '[destinations.f]\ntransport = "file"\npath = "blocked/{stream}.jsonl"\n'
-        "[destinations.f.retry]\ninitial_delay = 600\nmax_delay = 600\n"
+        "[destinations.f.retry]\ninitial_delay = 600\nmax_delay = 600\njitter = 0\n"
     )
     (tmp_path / "blocked").write_text("a file where a directory should be")  # "File exists" (mkdir)
     assert cli_here("emit", "-t", "t", "-s", "wf-1").returncode == 0

@@ -57,6 +57,6 @@ async def test_relay_warns_once_per_type_and_records_counts(tmp_path: Path, capl
             "last_at": recorded["no_route"]["last_at"],  # type: ignore[index]
         }
     }
-    text = Metrics().render([], relay.unrouted_report.by_reason())
-    assert 'outrelay_unrouted_events_total{reason="no_route"} 4' in text
-    assert 'outrelay_unrouted_events_total{reason="tenant"} 0' in text
+    lines = Metrics().render([], relay.unrouted_report.by_reason()).splitlines()
+    assert 'outrelay_unrouted_events_total{reason="no_route"} 4' in lines
+    assert 'outrelay_unrouted_events_total{reason="tenant"} 0' in lines
