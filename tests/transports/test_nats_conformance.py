@@ -62,6 +62,7 @@ def _target(
         make_transport_via=lambda subject, host, port: make(subject, (f"nats://{host}:{port}",)),
         refuse_target=refuse,
         binding=NATS,
+        late_reader=lambda t, subject: t.reader(subject, deliver="all"),
     )
 
 
