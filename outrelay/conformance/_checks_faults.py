@@ -48,6 +48,8 @@ class FaultRig:
     direct: Session
     via: Session
     seen: set[str] = dataclasses.field(default_factory=set)
+    #: the id of the warm-up message, confirmed and read before any fault ("" without one)
+    warm: str = ""
 
 
 def _hooks(ctx: Context) -> None:
@@ -79,13 +81,14 @@ async def rig(ctx: Context, *, warm: bool = True) -> FaultRig:
     t = _via(ctx, direct.target, proxy)
     await guarded("open() through the proxy", t.open(), ctx.timeout)
     via = Session(ctx, t, direct.caps, direct.target, direct.reader)
-    if warm:
-        ev = payload_event(ctx, "warm-up")
-        [r] = await via.send([ev], what="send() through a healthy proxy")
-        if not isinstance(r, Delivered):
-            raise CheckFailed(f"send() through a healthy proxy (no fault yet) gave {r!r}")
-        await via.expect(1)
-    return FaultRig(ctx, proxy, direct, via)
+    if not warm:
+        return FaultRig(ctx, proxy, direct, via)
+    ev = payload_event(ctx, "warm-up")
+    [r] = await via.send([ev], what="send() through a healthy proxy")
+    if not isinstance(r, Delivered):
+        raise CheckFailed(f"send() through a healthy proxy (no fault yet) gave {r!r}")
+    await via.expect(1)
+    return FaultRig(ctx, proxy, direct, via, warm=ev.id)
 
 
 def payload_event(ctx: Context, stream: str, n: int = 0) -> Event:

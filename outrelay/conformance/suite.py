@@ -300,9 +300,9 @@ class ConformanceSuite:
         afterwards."""
         run_check(conformance_target, "durable_late_reader", tmp_path, request.node)
 
-    def test_fault_connect_black_hole(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+    def test_connect_black_hole(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
         """Where TCP connections never complete, open() and check() fail within the bound (a connect timeout)."""
-        run_check(conformance_target, "fault_connect_black_hole", tmp_path, request.node)
+        run_check(conformance_target, "connect_black_hole", tmp_path, request.node)
 
     def test_fault_reply_lost(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
         """A reply lost after the broker applied the send: retryable results, resends succeed, with native_dedupe the

@@ -200,7 +200,7 @@ class TestConformanceConfig:
             'late_reader = { from_beginning = true }\nhooks = "conf_hooks:hooks"\n'
             'forbidden = { username = "orconf-nobody", password = "wrong-password" }\n'
         )
-        checks = "fault_cut_idle fault_connect_black_hole binding_rules durable_late_reader forbidden_send_permanent"
+        checks = "fault_cut_idle connect_black_hole binding_rules durable_late_reader forbidden_send_permanent"
         code = (
             "import sys; from outrelay.conformance.runner import run_conformance; "
             f"sys.exit(run_conformance(None, None, transport='redis', options={{'url': {url!r}}}, "
