@@ -36,7 +36,16 @@ ClassVar[Mapping[str, Any]]`` (e.g. ``{"bootstrap_servers": "127.0.0.1:1"}``);
 without either those checks skip with the reason. The fault checks (a TCP
 proxy that cuts, resets, stalls or black-holes the connection) need the
 names of the host and port options: ``endpoint=("host", "port")`` (CLI:
-``--endpoint host,port``) or ``conformance_endpoint_options: ClassVar[tuple[str, str]]``.
+``--endpoint host,port``) or ``conformance_endpoint_options: ClassVar[tuple[str, str]]``;
+for a transport configured by URL, the one option holding it
+(``--endpoint url``): the runner rewrites the URL's host and port to its proxy.
+
+Every other hook (forbidden credentials, a refused target, the secret, the
+binding, a late reader, declared limitations, code hooks) comes from a
+conformance config file (``conformance_config``, CLI ``--conformance-config``;
+see :mod:`outrelay.conformance._runner_hooks`). A class may declare the reader
+options of its late reader (the durability check) as
+``conformance_late_reader_options: ClassVar[Mapping[str, Any]]``.
 
 Cleanup. A transport class may define ``async def conformance_cleanup(self)
 -> None``: delete what was created under its configured target (a Redis
