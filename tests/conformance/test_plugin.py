@@ -93,7 +93,8 @@ def run_suite(
 
 
 #: the checks that need a ConformanceTarget hook the memory target of MODULE does not give
-HOOKED = {n for n in CHECKS if n.startswith(("fault_", "binding_", "refused_", "throttle_", "secret_", "forbidden_"))}
+_HOOK_PREFIXES = ("fault_", "connect_", "binding_", "refused_", "throttle_", "secret_", "forbidden_")
+HOOKED = {n for n in CHECKS if n.startswith(_HOOK_PREFIXES)}
 #: the in-process memory transport's send() never waits, so there is nothing to cancel midway
 NEVER_WAITS = {"cancel_mid_batch"}
 
