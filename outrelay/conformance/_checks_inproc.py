@@ -187,7 +187,7 @@ async def instances_isolated(ctx: Context) -> None:
     await asyncio.gather(sender(a, plans["a"]), sender(b, plans["b"]))
     want = {k: {e.id for batch in plans[k] for e in batch} for k in plans}
     got = {
-        k: [g.event.id for g in await s.read_until(want[k], ctx.read_timeout, grace=0.3)]
+        k: [g.event.id for g in await s.read_until(want[k], ctx.read_timeout, grace=0.2)]
         for k, s in (("a", a), ("b", b))
     }
     for mine, theirs, s in (("a", "b", a), ("b", "a", b)):

@@ -75,7 +75,7 @@ async def fault_reply_lost(ctx: Context) -> None:
         pending = [e for e, x in zip(pending, res, strict=True) if not isinstance(x, Delivered)]
     if pending:
         raise CheckFailed(f"{len(pending)} message(s) not Delivered after {_RESENDS} resends following a lost reply")
-    got = await r.direct.read_until({e.id for e in events}, ctx.read_timeout, grace=0.5)
+    got = await r.direct.read_until({e.id for e in events}, ctx.read_timeout, grace=0.3)
     copies = Counter(g.event.id for g in got)
     if copies[r.warm]:
         raise CheckFailed(

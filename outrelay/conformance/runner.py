@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import importlib.metadata as md
 import importlib.util
@@ -337,23 +338,32 @@ def build_target(
         common["late_reader"] = lambda t, target: t.reader(target, **late)
     if why:
         shared = lambda _target, overrides: build(overrides)  # noqa: E731
-        common |= hook_fields(hooks, shared, build, options)
-        return ConformanceTarget(
-            make_transport=lambda _target: build({}),
-            make_unreachable=(lambda _target: build(dict(down))) if down is not None else None,
-            isolated=False,
-            **common,
-        )
-    common |= {"cleanup": cleanup} | hook_fields(hooks, per_check, build, options)
+        base_fields = {
+            "make_transport": lambda _target: build({}),
+            "make_unreachable": (lambda _target: build(dict(down))) if down is not None else None,
+            "isolated": False,
+        }
+        return _target(base_fields | common | hook_fields(hooks, shared, build, options))
+    fields: dict[str, Any] = {
+        "make_transport": lambda target: per_check(target, {}),
+        "make_unreachable": (lambda target: per_check(target, down)) if down is not None else None,
+        "cleanup": cleanup,
+        **common,
+    }
     names = endpoint or hooks.endpoint or _endpoint_names(getattr(cls, "conformance_endpoint_options", None))
     if names:
         defaults = {n: f.default for n, f in cls.Config.model_fields.items()}
-        common |= endpoint_fields(names, options, defaults, per_check)
-    return ConformanceTarget(
-        make_transport=lambda target: per_check(target, {}),
-        make_unreachable=(lambda target: per_check(target, down)) if down is not None else None,
-        **common,
-    )
+        fields |= endpoint_fields(names, options, defaults, per_check)
+    return _target(fields | hook_fields(hooks, per_check, build, options))  # the file's hooks win
+
+
+def _target(fields: Mapping[str, Any]) -> ConformanceTarget:
+    """:raises ConfigError: a field name ConformanceTarget does not have (from a config file's code hooks)."""
+    known = {f.name for f in dataclasses.fields(ConformanceTarget)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ConfigError(f"unknown ConformanceTarget field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return ConformanceTarget(**fields)
 
 
 def _endpoint_names(declared: Any) -> tuple[str, ...] | None:

@@ -88,6 +88,8 @@ def test_conformance_cli_runs_an_uninstalled_plugin(generated: Path) -> None:
     [
         (["new-transport", "Bad-Name"], "transport name 'Bad-Name' must be a lower-case identifier"),
         (["conformance", "--plugin", "no_such_module_xyz:T"], "--plugin 'no_such_module_xyz:T': cannot import it"),
+        (["conformance", "--transport", "memory", "--conformance-config", "nope.toml"], "cannot read the conformance"),
+        (["conformance", "--transport", "memory", "--endpoint", "a,b,c"], "--endpoint 'a,b,c' must name"),
     ],
 )
 def test_bad_input_is_one_line(cli: Cli, args: list[str], message: str) -> None:

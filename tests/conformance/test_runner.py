@@ -158,6 +158,25 @@ class TestConformanceConfig:
         assert target.make_forbidden is not None and target.make_forbidden("t").cfg.down  # type: ignore[attr-defined]
         assert target.refuse_target is not None and target.late_reader is not None
 
+    def test_code_hooks_give_any_field_and_unknown_ones_are_named(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """hooks = "module:function" adds code-only hooks (throttle here); a field ConformanceTarget lacks is a
+        one-line ConfigError naming it."""
+        (tmp_path / "orconf_code_hooks.py").write_text(
+            "async def throttle(target):\n    return 2.0\n\n"
+            "def good(build):\n    return {'throttle': throttle}\n\n"
+            "def bad(build):\n    return {'throtle': throttle}\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        path = tmp_path / "conf.toml"
+        path.write_text('[conformance]\nhooks = "orconf_code_hooks:good"\n')
+        target = build_target(None, None, transport="memory", hooks=load_hooks(path))
+        assert target.throttle is not None
+        path.write_text('[conformance]\nhooks = "orconf_code_hooks:bad"\n')
+        with pytest.raises(ConfigError, match=r"unknown ConformanceTarget field\(s\) throtle"):
+            build_target(None, None, transport="memory", hooks=load_hooks(path))
+
     def test_url_endpoint_is_rewritten_to_the_proxy(self) -> None:
         """A URL option (credentials, path kept), a list of URLs and host:port strings point at the proxy."""
         made: list[dict[str, object]] = []
