@@ -233,10 +233,19 @@ def conformance(
         [], "--unreachable", help="Option override key=value pointing at a dead endpoint (broker-down checks)."
     ),
     endpoint: str | None = typer.Option(
-        None, "--endpoint", help="HOST_OPTION,PORT_OPTION: the options naming the broker (enables the fault checks)."
+        None,
+        "--endpoint",
+        help="HOST_OPTION,PORT_OPTION, or URL_OPTION: the options naming the broker (enables the fault checks).",
     ),
-    timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Bound on each open/send/close/check call (s)."),
-    read_timeout: float = typer.Option(10.0, "--read-timeout", min=0.1, help="How long a check waits to read (s)."),
+    conformance_config: Path | None = typer.Option(
+        None, "--conformance-config", help="A TOML file with every test hook ([conformance] table; see the docs)."
+    ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", min=0.1, help="Bound on each open/send/close/check call (s; default 10)."
+    ),
+    read_timeout: float | None = typer.Option(
+        None, "--read-timeout", min=0.1, help="How long a check waits to read (s; default 10)."
+    ),
     isolate: bool = typer.Option(True, "--isolate/--no-isolate", help="Try a fresh target per check."),
     report_json: Path | None = typer.Option(None, "--report-json", help="Also write the report as JSON here."),
     report_md: Path | None = typer.Option(None, "--report-md", help="Also write the report as Markdown here."),
@@ -271,15 +280,18 @@ def conformance(
         transport=transport,
         options=dict(parse_option(o) for o in options),
         unreachable=dict(parse_option(o) for o in unreachable) if unreachable else None,
-        endpoint=_pair(endpoint),
+        endpoint=_endpoint(endpoint),
+        conformance_config=str(conformance_config) if conformance_config else None,
     )
     raise typer.Exit(int(code))
 
 
-def _pair(text: str | None) -> tuple[str, str] | None:
+def _endpoint(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None
-    host, sep, port = text.partition(",")
-    if not sep or not host.strip() or not port.strip():
-        raise ConfigError(f"--endpoint {text!r} must name two options, HOST_OPTION,PORT_OPTION; e.g. host,port")
-    return host.strip(), port.strip()
+    names = tuple(n.strip() for n in text.split(","))
+    if len(names) > 2 or not all(names):
+        raise ConfigError(
+            f"--endpoint {text!r} must name the host and port options (host,port) or the one option holding a URL (url)"
+        )
+    return names
