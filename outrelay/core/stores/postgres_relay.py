@@ -150,13 +150,14 @@ class RelayMixin:
             n = self.n
             note = f"pg_notify('{n.channel}', 'routed')"
             notify = f", nt AS MATERIALIZED (SELECT {note} FROM (SELECT 1 FROM sel LIMIT 1) x)" if self.notify else ""
+            noted = ", (SELECT count(*) FROM nt)" if self.notify else ""  # a CTE nothing reads never runs
             due = (
                 f"SELECT min(due_at) FROM {n.lanes} WHERE destination = %(dest)s AND NOT parked "
                 "AND owner IS DISTINCT FROM %(owner)s"
             )
             built = {
                 "route": statement(
-                    "outrelay_route", _ROUTE_SCRIPT.format(n=n, fan=_ROUTE_FAN.format(n=n), notify=notify)
+                    "outrelay_route", _ROUTE_SCRIPT.format(n=n, fan=_ROUTE_FAN.format(n=n), notify=notify, noted=noted)
                 ),
                 "claim": [
                     statement("outrelay_lock", _LOCK_SCRIPT.format(n=n)),
@@ -547,7 +548,7 @@ _ROUTE_SCRIPT = (
     "WITH lk AS MATERIALIZED (SELECT pg_try_advisory_xact_lock(hashtext('{n.route_key}')) AS ok), "
     "sel AS MATERIALIZED (DELETE FROM {n.unrouted} WHERE (SELECT ok FROM lk) "
     "  AND seq = ANY(ARRAY(SELECT seq FROM {n.unrouted} ORDER BY seq LIMIT %(rlim)s)) RETURNING seq, stream), "
-    "{fan}{notify} SELECT count(*) FROM sel"
+    "{fan}{notify} SELECT (SELECT count(*) FROM sel){noted}"
 )
 
 #: claim's lock as a statement of a script: the due lanes' names go to the setting ``outrelay.lanes``

@@ -128,7 +128,7 @@ class ScriptMixin:
                 cur.execute(text)
             except psycopg.errors.InvalidSqlStatementName:  # deallocated behind our back: prepare again
                 cur.connection.execute("ROLLBACK")
-                self._prepared.pop(cur.connection, None)
+                self._read_prepared(cur)
                 self._prepare(cur, statements)
                 cur.execute(text)
             out: list[list[Any]] = []
@@ -147,22 +147,30 @@ class ScriptMixin:
 
     def _prepare(self, cur: Cursor, statements: Sequence[Statement]) -> None:
         """Prepare those of ``statements`` not prepared on this connection yet (one message; none
-        needed after the first time). A prepared statement outlives a failed transaction, so after a
-        failure the connection's list is read back from the server."""
-        conn = cur.connection
-        have = self._prepared.setdefault(conn, set())
-        missing = [s for s in statements if s.name not in have]
-        if not missing:
-            return
-        try:
-            cur.execute("; ".join(s.prepare for s in missing))
-            have.update(s.name for s in missing)
-        except psycopg.Error:
-            # some may exist now (a prepared statement outlives the message that failed): ask the server
-            have.clear()
-            have.update(r[0] for r in cur.execute("SELECT name FROM pg_prepared_statements").fetchall())
-            if any(s.name not in have for s in missing):
-                raise
+        needed after the first time). A prepared statement outlives a failed message, so after a
+        failure the connection's list is read back from the server and the rest prepared.
+
+        :raises psycopg.Error: the statements cannot be prepared."""
+        have = self._prepared.setdefault(cur.connection, set())
+        for attempt in (1, 2):
+            missing = [s for s in statements if s.name not in have]
+            if not missing:
+                return
+            try:
+                cur.execute("; ".join(s.prepare for s in missing))
+                have.update(s.name for s in missing)
+                return
+            except psycopg.Error:
+                if attempt == 2 or cur.connection.broken:
+                    raise
+                self._read_prepared(cur)
+
+    def _read_prepared(self, cur: Cursor) -> set[str]:
+        """The names of the statements prepared on ``cur``'s connection, as the server knows them."""
+        have = self._prepared.setdefault(cur.connection, set())
+        have.clear()
+        have.update(r[0] for r in cur.execute("SELECT name FROM pg_prepared_statements").fetchall())
+        return have
 
     # -- what this relay knows is not due (saves a claim's round trip) ---------
 
