@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from _cpu import stat_cpu
+from _cpu import backends_cpu
 
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.core.hookspecs import hookimpl
@@ -87,22 +87,9 @@ def child(url: str, record: str, lease: float) -> None:
     cpu = time.process_time()
     asyncio.run(relay.run(drain=True))
     cpu = time.process_time() - cpu
-    print(json.dumps({"cpu": cpu, "backend_cpu": backends_cpu(url)}), flush=True)
-    outbox.close()
-
-
-def backends_cpu(url: str) -> float:
-    """CPU seconds so far of the server processes serving connections named like this run's."""
     name = url.split("application_name=", 1)[1].split("&", 1)[0]
-    with psycopg.connect(URL, autocommit=True) as conn:
-        pids = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,))]
-    total = 0.0
-    for pid in pids:
-        try:
-            total += stat_cpu(pid)[1]
-        except OSError:  # gone meanwhile
-            continue
-    return total
+    print(json.dumps({"cpu": cpu, "backend_cpu": backends_cpu(URL, name)}), flush=True)
+    outbox.close()
 
 
 def fill(url: str, count: int, streams: int, size: int) -> None:
