@@ -582,9 +582,11 @@ _CLAIM_SQL = (
     "  CROSS JOIN LATERAL (SELECT id, attempts, first_attempt_at, event_seq FROM {n.deliveries} "
     "    WHERE destination = %(dest)s AND stream = l.stream ORDER BY id LIMIT %(per_lane)s) d "
     "  ORDER BY l.o, d.id LIMIT %(lim)s), "
-    "sized AS MATERIALIZED (SELECT h.*, e.ctid AS tid, e.attrs, row_number() OVER w AS rn, "
-    "  sum(octet_length(e.data)) OVER w AS run "
-    "  FROM head h JOIN {n.events} e ON e.seq = h.event_seq WINDOW w AS (ORDER BY h.o, h.id)), "
+    # the sizes below the window's sort, so that sort carries no event data
+    "sized AS MATERIALIZED (SELECT x.*, row_number() OVER w AS rn, sum(x.size) OVER w AS run FROM "
+    "  (SELECT h.*, e.ctid AS tid, octet_length(e.data) AS size "
+    "   FROM head h JOIN {n.events} e ON e.seq = h.event_seq) x "
+    "  WINDOW w AS (ORDER BY x.o, x.id)), "
     # running sums grow along the order, so this keeps a prefix of each lane; the first row always
     "picked AS MATERIALIZED (SELECT * FROM sized WHERE rn = 1 OR run <= %(budget)s), "
     "lease AS (UPDATE {n.lanes} SET owner = %(owner)s, due_at = %(until)s "
@@ -593,10 +595,12 @@ _CLAIM_SQL = (
     "empty AS (DELETE FROM {n.lanes} l WHERE destination = %(dest)s "
     "  AND (SELECT count(*) FROM head) < %(lim)s AND stream = ANY({locked}) "
     "  AND NOT EXISTS (SELECT 1 FROM {n.deliveries} d WHERE d.destination = l.destination AND d.stream = l.stream)) "
-    # the data by the row's address found above (a TID scan: no second descent of the events' key; event
-    # rows are never updated, and this statement's snapshot sees the version it found)
-    "SELECT p.id, p.attempts, p.first_attempt_at, p.event_seq, p.attrs, e.data "
-    "FROM picked p JOIN {n.events} e ON e.ctid = p.tid ORDER BY p.rn"
+    # the attributes and data by the row's address found above (a TID scan: no second descent of the
+    # events' key; event rows are never updated, and this statement's snapshot sees the version it found),
+    # joined to the picked rows in their order, so no sort carries them
+    "SELECT p.id, p.attempts, p.first_attempt_at, p.event_seq, e.attrs, e.data "
+    "FROM (SELECT * FROM picked ORDER BY rn) p "
+    "CROSS JOIN LATERAL (SELECT attrs, data FROM {n.events} e WHERE e.ctid = p.tid) e ORDER BY p.rn"
 )
 
 #: settle's second statement (lanes ``{owned}`` are locked): delete the delivered/dead deliveries of
