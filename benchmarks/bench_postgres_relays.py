@@ -1,6 +1,6 @@
 """Several relay processes on one PostgreSQL outbox: CPU per event, lanes never shared, crash takeover.
 
-    .venv/bin/python benchmarks/bench_postgres_relays.py [--count 30000] [--streams 100] [--size 1024]
+    .venv/bin/python benchmarks/bench_postgres_relays.py [--count 100000] [--streams 100] [--size 1024]
         [--relays 3] [--lease 5] [--skip-kill]
 
 On two cores three relays cannot drain faster than one (they and PostgreSQL
@@ -238,7 +238,7 @@ def kill_one(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--count", type=int, default=30_000)
+    ap.add_argument("--count", type=int, default=100_000)
     ap.add_argument("--streams", type=int, default=100)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--relays", type=int, default=3)
