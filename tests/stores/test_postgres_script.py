@@ -14,6 +14,7 @@ from outrelay import Event
 from outrelay.core.errors import StoreError
 from outrelay.core.stores.base import Settlement
 from outrelay.core.stores.postgres import PostgresStore
+from outrelay.core.stores.postgres_script import _literal
 from tests.stores.conftest import pg_url
 
 CLAIM = {"limit": 100, "per_lane": 100, "owner": "r1", "lease_seconds": 30.0}
@@ -129,18 +130,26 @@ class TestQuietUntil:
         """A 'routed' notice from another process forgets the hint before the callback runs."""
         other = PostgresStore(pg_url(pg_schema))
         heard = threading.Event()
+        routed = threading.Event()
         seen: list[float] = []
-        stop = store.listen(lambda what: (seen.append(store.quiet_until("a", 60.0)), heard.set()))
+
+        def callback(what: str) -> None:
+            seen.append(store.quiet_until("a", 60.0))
+            heard.set()
+            if what == "routed":
+                routed.set()
+
+        stop = store.listen(callback)
         try:
             deadline = time.monotonic() + 10
             while not heard.is_set() and time.monotonic() < deadline:  # LISTEN is in place once heard
                 other.append([ev("w", 0)])
                 heard.wait(0.2)
             other.route(Both(), 100, time.time())
+            assert routed.wait(5)
             store.claim("a", **CLAIM, now=time.time())  # takes what was routed: the next claim finds nothing
             store.claim("a", **CLAIM, now=time.time())
             assert store.quiet_until("a", 60.0) > time.time()
-            heard.clear()
             seen.clear()
             other.append([ev("w", 1)])
             other.route(Both(), 100, time.time())
@@ -160,3 +169,26 @@ def test_relay_statements_use_prepared_plans(store: PostgresStore, pg_schema: st
     with store._pool.connection() as conn:
         names = {r[0] for r in conn.execute("SELECT name FROM pg_prepared_statements").fetchall()}
     assert {"outrelay_route", "outrelay_lock", "outrelay_claim", "outrelay_due"} <= names
+
+
+class TestLiterals:
+    @pytest.mark.parametrize("conforming", ["on", "off"])
+    def test_values_reach_the_server_exactly(self, store: PostgresStore, conforming: str) -> None:
+        """Quotes, backslashes and non-ASCII in stream names, and full-precision floats, arrive as given,
+        whatever standard_conforming_strings says."""
+        values = ["a'b\\c\"d\\'", ["x\\", "y'z", "", "é✓"], [1733333333.1234567, 1e-05], [1, 2**40], [True, False]]
+        with store._pool.connection() as conn:
+            conn.execute(f"SET standard_conforming_strings = {conforming}")
+            try:
+                row = conn.execute(f"SELECT {', '.join(str(_literal(v)) for v in values)}").fetchone()
+                sent = conn.execute(
+                    "SELECT %s::text, %s::text[], %s::float8[], %s::bigint[], %s::bool[]", values
+                ).fetchone()
+            finally:
+                conn.execute("RESET standard_conforming_strings")
+        assert row is not None and sent is not None
+        assert [row[0], row[1], [float(x) for x in row[2]], row[3], row[4]] == values == list(sent)
+
+    def test_a_nul_is_refused_not_cut(self) -> None:
+        """A string holding NUL is not quoted here (the query text would end at it): psycopg refuses it."""
+        assert _literal("a\x00b") is None and _literal(["a\x00"]) is None

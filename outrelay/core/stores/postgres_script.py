@@ -206,11 +206,41 @@ class ScriptMixin:
 
 
 def _literals(conn: psycopg.Connection[Any], args: dict[str, Any]) -> dict[str, str]:
-    """``args`` as SQL literals (psycopg's quoting; finite numbers as Python prints them)."""
+    """``args`` as SQL literals: the types the relay's statements take (int, float, bool, str, None and
+    lists of them) quoted here, anything else by psycopg (whose general path costs far more: a
+    converter is built for each value)."""
     out = {}
     for name, value in args.items():
-        if type(value) is int or (type(value) is float and math.isfinite(value)):
-            out[name] = repr(value)
-        else:
-            out[name] = sql.Literal(value).as_string(conn)
+        text = _literal(value)
+        out[name] = text if text is not None else sql.Literal(value).as_string(conn)
     return out
+
+
+def _literal(value: Any) -> str | None:
+    """``value`` as an SQL literal, or None when this function does not quote its type.
+
+    Strings become ``E'...'`` literals with ``\\`` and ``'`` doubled, which reads the same whatever
+    ``standard_conforming_strings`` says; a string holding NUL is left to psycopg (which refuses
+    it: PostgreSQL text cannot hold it)."""
+    kind = type(value)
+    if isinstance(value, str) and kind is str:
+        if "\x00" in value:
+            return None
+        return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+    if kind is int:
+        return repr(value)
+    if kind is float:
+        return repr(value) if math.isfinite(value) else None
+    if kind is bool:
+        return "true" if value else "false"
+    if value is None:
+        return "NULL"
+    if kind is list:
+        items: list[str] = []
+        for v in value:
+            item = _literal(v)
+            if item is None or item == "NULL":  # left to psycopg: a NULL element needs the array's type
+                return None
+            items.append(item)
+        return f"ARRAY[{', '.join(items)}]" if items else "'{}'"
+    return None
