@@ -22,7 +22,8 @@ share the cores), so this measures what can be shown there:
   is SIGKILLed; its lanes (read from the outbox right after the kill) must be
   resumed by another relay within ``--lease`` + 2 s. Printed: the measured
   gap (kill -> first send of the last of those lanes by a survivor), and that
-  every event was settled at least once, in per-stream order.
+  every event was sent at least once, first sends in per-stream order (each
+  relay's transport writes what it accepted before the relay settles it).
 
 Uses ``OUTRELAY_POSTGRES_URL`` (default postgresql://postgres@127.0.0.1/test);
 PostgreSQL must run on this host (its processes' CPU is read from ``/proc``).
@@ -42,6 +43,7 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,25 +51,27 @@ import psycopg
 from _cpu import backends_cpu
 
 from outrelay import Event, Outbox, Relay, parse_config
-from outrelay.core.hookspecs import hookimpl
+from outrelay.core.transport import Message, SendResult
+from outrelay.transports.memory import MemoryConfig, MemoryTransport
 
 URL = os.environ.get("OUTRELAY_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test").split("?", 1)[0]
 
 
-class Recorder:
-    """A hook plugin: one line per settled batch (destination, send start/end, [stream, seq]...),
-    written and flushed as it settles (a relay killed later keeps what it settled)."""
+class Recording(MemoryTransport):
+    """The memory transport, writing one line per batch it accepted (destination, send start and end,
+    [[stream, seq], ...]), flushed before the relay settles it: what a killed relay sent stays on record."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, **options: Any) -> None:
+        super().__init__(MemoryConfig(**options), destination="mem")
         self.file = open(path, "a")  # noqa: SIM115 - open for the process's life
 
-    @hookimpl
-    def outrelay_batch_settled(
-        self, destination: str, messages: Any, results: Any, elapsed: float, timeline: Any
-    ) -> None:
-        events = [[m.event.stream, m.event.sequence] for m in messages]
-        self.file.write(json.dumps([destination, timeline[2], timeline[3], events]) + "\n")
+    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
+        started = time.time()
+        results = await super().send(batch)
+        events = [[m.event.stream, m.event.sequence] for m in batch]
+        self.file.write(json.dumps([self.destination, started, time.time(), events]) + "\n")
         self.file.flush()
+        return list(results)
 
 
 def child(url: str, record: str, lease: float) -> None:
@@ -76,12 +80,11 @@ def child(url: str, record: str, lease: float) -> None:
         {
             "outbox": {"url": url},
             "relay": {"poll_interval": 0.2, "route_batch": 2000, "drain_retry_bound": 5, "lease_seconds": lease},
-            "destinations": {"mem": {"transport": "memory", "broker": "child", "batch_size": 1000}},
+            "destinations": {"mem": {"transport": "memory", "batch_size": 1000}},
         }
     )
     outbox = Outbox.open(url)
-    relay = Relay(outbox, cfg)  # type: ignore[arg-type]
-    relay.registry.pm.register(Recorder(record))
+    relay = Relay(outbox, cfg, transports={"mem": Recording(record, broker="child")})  # type: ignore[arg-type]
     print(json.dumps({"owner": relay.owner}), flush=True)
     sys.stdin.readline()
     cpu = time.process_time()
@@ -140,7 +143,7 @@ def go(procs: list[tuple[subprocess.Popen[str], str, str]]) -> None:
 
 
 def records(files: list[str]) -> list[tuple[int, str, float, float, list[list[Any]]]]:
-    """(relay index, destination, send start, send end, [[stream, seq], ...]) of every settled batch."""
+    """(relay index, destination, send start, send end, [[stream, seq], ...]) of every batch sent."""
     out = []
     for i, path in enumerate(files):
         if os.path.exists(path):
@@ -150,7 +153,7 @@ def records(files: list[str]) -> list[tuple[int, str, float, float, list[list[An
 
 
 def check(batches: list[tuple[int, str, float, float, list[list[Any]]]], count: int) -> tuple[int, int, int]:
-    """(events settled at least once, lanes out of order, overlapping sends of one lane by two relays)."""
+    """(events sent at least once, lanes out of order, overlapping sends of one lane by two relays)."""
     firsts: dict[tuple[str, str], list[int]] = defaultdict(list)
     seen: set[tuple[str, int]] = set()
     spans: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
@@ -208,14 +211,18 @@ def kill_one(args: argparse.Namespace) -> None:
             files = [r for _, _, r in procs]
             go(procs)
             deadline = time.monotonic() + 120
-            while sum(len(b[4]) for b in records(files)) < args.count // 2 and time.monotonic() < deadline:
-                time.sleep(0.02)
             victim, owner, _ = procs[0]
-            victim.send_signal(signal.SIGKILL)
-            killed_at = time.time()
-            victim.wait()
+            lanes = f'"{schema}".outrelay_lanes'
             with psycopg.connect(URL, autocommit=True) as conn:
-                lanes = f'"{schema}".outrelay_lanes'
+                # mid-drain: half the events sent, and the victim holding lanes at that moment
+                while time.monotonic() < deadline and (
+                    sum(len(b[4]) for b in records(files)) < args.count // 2
+                    or not conn.execute(f"SELECT 1 FROM {lanes} WHERE owner = %s", (owner,)).fetchone()
+                ):
+                    time.sleep(0.005)
+                victim.send_signal(signal.SIGKILL)
+                killed_at = time.time()
+                victim.wait()
                 held = set(conn.execute(f"SELECT destination, stream FROM {lanes} WHERE owner = %s", (owner,)))
             for p, _, _ in procs[1:]:
                 p.communicate(timeout=600)
@@ -232,7 +239,7 @@ def kill_one(args: argparse.Namespace) -> None:
     print(
         f"SIGKILL of 1 of {args.relays} relays mid-drain (lease {args.lease:g} s): it held {len(held)} lane(s); "
         f"{len(resumed)} resumed by another relay, the last {gap:.2f} s after the kill "
-        f"(bound: lease + 2 s = {args.lease + 2:g} s); events settled {got}/{args.count}, lanes out of order {disorder}"
+        f"(bound: lease + 2 s = {args.lease + 2:g} s); events sent {got}/{args.count}, lanes out of order {disorder}"
     )
 
 
