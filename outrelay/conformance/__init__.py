@@ -88,6 +88,20 @@ class ConformanceTarget:
       shows a declared limitation of the broker or its test peer rather than
       an oversight. Names: ``upstream``, ``refuse_target``, ``make_forbidden``,
       ``throttle``, ``secret``, ``binding``.
+
+    The consumer-side checks (``subscription_*``, for a transport declaring
+    ``capabilities.subscriptions``; :mod:`outrelay.conformance._checks_subscription`):
+
+    * ``claim_timeout`` — the ``SubscriptionSpec.claim_timeout`` their members
+      use: the smallest your broker accepts keeps them quick (stock Kafka: 6 s).
+    * ``publish_foreign(target)`` — put on ``target`` a message that is not an
+      outrelay CloudEvent, with the broker's own client (a coroutine).
+    * ``forget_group(target, group)`` — delete what a consumer group left on the
+      broker (durable queues, consumers, offsets); awaited when the check ends,
+      errors ignored.
+    * ``unsupported`` names, besides the hooks: ``processes`` (members cannot
+      live in other processes: an in-process broker) and ``from_beginning``
+      (the broker cannot start a new group at the target's beginning).
     """
 
     make_transport: Callable[[str], Transport]
@@ -102,6 +116,9 @@ class ConformanceTarget:
     refuse_target: Callable[[str], Awaitable[str]] | None = None
     make_forbidden: Callable[[str], Transport] | None = None
     throttle: Callable[[str], Awaitable[float]] | None = None
+    claim_timeout: float = 6.0
+    publish_foreign: Callable[[str], Awaitable[None]] | None = None
+    forget_group: Callable[[str, str], Awaitable[None]] | None = None
     secret: str | None = dataclasses.field(default=None, repr=False)
     binding: Binding | None = None
     cleanup: Callable[[str], Awaitable[None]] | None = None

@@ -44,6 +44,12 @@ stream, a topic, a queue). The runner then calls it, on an opened transport
 built for that target, after every check for each per-check target and after
 the probe, so a run leaves nothing behind.
 
+Foreign messages. For the consumer-side check ``subscription_foreign_message``
+a transport class may define ``async def conformance_publish_foreign(self) ->
+None``: put on its configured target a message that is not an outrelay
+CloudEvent, with the broker's own client. The runner calls it on an opened
+transport built for the check's target; without it that check skips.
+
 Transports that are not installed. ``plugins`` (CLI: ``--plugin``, repeatable)
 loads a transport without packaging it: ``package.module:Class`` registers
 that class under its ``name``; ``package.module`` or ``path/to/file.py``
@@ -194,17 +200,19 @@ def parse_option(text: str) -> tuple[str, Any]:
     return key.strip(), parsed
 
 
-def _cleanup(build: Callable[[str], Transport], timeout: float) -> Callable[[str], Awaitable[None]] | None:
-    """``ConformanceTarget.cleanup`` from the transport class's ``conformance_cleanup``, if it has one."""
+def _class_hook(build: Callable[[str], Transport], timeout: float, method: str) -> Callable[[str], Awaitable[None]]:
+    """A target hook (``cleanup``, ``publish_foreign``) from the transport class's ``method``
+    (``conformance_cleanup``, ``conformance_publish_foreign``), awaited on an opened transport built for
+    the target; nothing when the class has no such method."""
 
     async def cleanup(target: str) -> None:
         t = build(target)
-        method = getattr(t, "conformance_cleanup", None)
-        if method is None:
+        call = getattr(t, method, None)
+        if call is None:
             return
         await asyncio.wait_for(t.open(), timeout)
         try:
-            await asyncio.wait_for(method(), timeout)
+            await asyncio.wait_for(call(), timeout)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(t.close(), timeout)
@@ -315,7 +323,11 @@ def build_target(
     local = getattr(cls, "conformance_local_peer", None)
     if local is not None and isolate is not False:
         return _local_peer_target(name, kind, local(base.config), build, read_timeout, timeout)
-    cleanup = _cleanup(isolated, timeout) if option is not None and hasattr(cls, "conformance_cleanup") else None
+    cleanup = (
+        _class_hook(isolated, timeout, "conformance_cleanup")
+        if option is not None and hasattr(cls, "conformance_cleanup")
+        else None
+    )
     why = ""
     if isolate is False:
         why = "per-check targets disabled"
@@ -353,9 +365,13 @@ def build_target(
             faults["make_transport_via"] = lambda target, h, p: build(
                 {option: _per_check_value(option, options.get(option), target), host_opt: h, port_opt: p}
             )
+        if hasattr(cls, "conformance_publish_foreign"):
+            faults["publish_foreign"] = _class_hook(isolated, timeout, "conformance_publish_foreign")
         return ConformanceTarget(
             make_transport=isolated, make_unreachable=unreachable_make, cleanup=cleanup, **faults, **common
         )
+    if hasattr(cls, "conformance_publish_foreign"):
+        common["publish_foreign"] = _class_hook(lambda _target: build({}), timeout, "conformance_publish_foreign")
     return ConformanceTarget(
         make_transport=lambda _target: build({}),
         make_unreachable=(lambda _target: build(dict(down))) if down is not None else None,

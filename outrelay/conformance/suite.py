@@ -35,6 +35,7 @@ from outrelay.conformance import (
     _checks_security,
 )
 from outrelay.conformance._harness import run_check
+from outrelay.conformance._suite_subscription import SubscriptionChecks
 
 __all__ = ["ConformanceSuite"]
 
@@ -52,9 +53,10 @@ _REGISTERED = (
 )
 
 
-class ConformanceSuite:
+class ConformanceSuite(SubscriptionChecks):
     """Subclass in a test module and provide a ``conformance_target`` fixture
-    returning a :class:`~outrelay.conformance.ConformanceTarget`."""
+    returning a :class:`~outrelay.conformance.ConformanceTarget`. The consumer-side
+    checks come from :class:`~outrelay.conformance._suite_subscription.SubscriptionChecks`."""
 
     # -- Fidelity ----------------------------------------------------------------------------------
 

@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING
 
 from outrelay.core.config import DestinationConfig
 from outrelay.core.errors import PermanentError, RetryableError, StoreError, UsageError
+from outrelay.core.progress import Progress, sending
 from outrelay.core.retry import backoff_delay
 from outrelay.core.segments import RejectedTarget
 from outrelay.core.stores.base import Claimed, SettleKind, Settlement
-from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult, Transport
+from outrelay.core.transport import Delivered, Message, NotSent, Rejected, RetryLater, SendResult, Transport
 
 if TYPE_CHECKING:
     from outrelay.core.relay import Relay
@@ -56,6 +57,8 @@ class DestinationWorker:
         #: waiting for work (a claim found nothing): the relay wakes it to route new appends
         self.idle = False
         self.inflight: set[asyncio.Task[None]] = set()
+        #: the progress of every send in flight (:meth:`stop_sending` tells them to start nothing new)
+        self.sending: set[Progress] = set()
         self.slots = asyncio.Semaphore(config.max_in_flight)
         self.opened = False
         self.failing_since: float | None = None
@@ -237,6 +240,12 @@ class DestinationWorker:
                 if stuck:
                     log.warning("destination %s: %d batch(es) ignored cancellation; abandoned", self.name, len(stuck))
 
+    def stop_sending(self) -> None:
+        """The relay is stopping: sends in flight start no further message (what is
+        already on its way finishes, and is settled, within ``shutdown_grace``)."""
+        for progress in self.sending:
+            progress.stop()
+
     def idle_until(self, now: float, next_due: float | None) -> float:
         """When this destination will next have something to do (inf: never)."""
         if self.inflight:
@@ -253,13 +262,19 @@ class DestinationWorker:
         self, claimed: Sequence[Claimed], size: int = 0, claim_times: tuple[float, float] = (0.0, 0.0)
     ) -> None:
         settled = False
+        messages: list[Message] = []
+        progress = Progress(asyncio.get_running_loop().time() + self.config.attempt_timeout)
         try:
             transport = self.transport
             messages = [Message(c.event, transport.target(c.event), c.event.stream, c.attempts + 1) for c in claimed]
             for transform in self.transforms:
                 messages = transform(messages)
             started, sent_at = time.monotonic(), time.time()
-            results, timed_out = await self._send(messages)
+            self.sending.add(progress)
+            try:
+                results, timed_out = await self._send(messages, progress)
+            finally:
+                self.sending.discard(progress)
             elapsed = time.monotonic() - started
             now = time.time()
             settlements, disable = self._plan(claimed, results, now)
@@ -268,9 +283,10 @@ class DestinationWorker:
                 self._disable_version += 1
             await self._settle(settlements, now)
             settled = True
-            failures = [r for r in results if not isinstance(r, Delivered)]
-            self._adapt_lane(timed_out, failures)
-            if len(failures) < len(results):
+            # a message not attempted (NotSent) is no failure: it waits for the next claim as it was
+            failures = [r for r in results if not isinstance(r, Delivered | NotSent)]
+            self._adapt_lane(timed_out or progress.declined, failures)
+            if len(failures) < len(results) and any(isinstance(r, Delivered) for r in results):
                 self._recovered()
             elif any(isinstance(r, RetryLater) for r in failures):
                 first_retry = next(r for r in failures if isinstance(r, RetryLater))
@@ -316,6 +332,8 @@ class DestinationWorker:
                         },
                     )
         except asyncio.CancelledError:
+            if not settled:  # cut at shutdown: what the broker confirmed is not sent again after the restart
+                await self._settle_confirmed(claimed, messages, progress)
             raise
         except Exception as exc:  # the relay is stopping with the outbox unavailable, or a bug
             # Nothing is lost: the batch's lanes stay leased by this relay and are released when it stops.
@@ -332,6 +350,27 @@ class DestinationWorker:
             self.relay.budget.free(size)
             self.slots.release()
             self.wake.set()
+
+    async def _settle_confirmed(self, claimed: Sequence[Claimed], messages: list[Message], progress: Progress) -> None:
+        """Settle as delivered what ``progress`` says the broker confirmed, once, without retrying
+        (the relay is stopping; the other events of the batch stay pending)."""
+        if len(messages) != len(claimed):
+            return
+        done = [
+            Settlement(c.delivery_id, c.event.stream, "delivered")
+            for c, m in zip(claimed, messages, strict=True)
+            if isinstance(progress.outcome(m), Delivered)
+        ]
+        if not done:
+            return
+        try:
+            await self.relay.db(self.relay.store.settle, self.name, self.relay.owner, done, time.time())
+        except Exception as exc:  # they stay pending: at least once holds, they may be sent again
+            log.warning(
+                "destination %s: could not settle %d confirmed event(s) at shutdown (%s)", self.name, len(done), exc
+            )
+        else:
+            self.counts["delivered"] += len(done)
 
     def _adapt_lane(self, timed_out: bool, failures: Sequence[SendResult]) -> None:
         if timed_out and self.per_lane > 1:
@@ -359,45 +398,53 @@ class DestinationWorker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    async def _send(self, messages: list[Message]) -> tuple[Sequence[SendResult], bool]:
-        """Send one batch under ``attempt_timeout``; every failure becomes
-        per-message results. The flag is True when the deadline expired."""
+    async def _send(self, messages: list[Message], progress: Progress) -> tuple[Sequence[SendResult], bool]:
+        """Send one batch under ``attempt_timeout`` (``progress.deadline``); every failure becomes
+        per-message results. The flag is True when the deadline expired.
+
+        A send that does not return — deadline, a whole-batch error, a transport bug — keeps
+        the outcomes reported to ``progress`` (what the broker confirmed settles as delivered);
+        only the others take the failure.
+        """
         tenants = self.config.tenants  # a last line: operator replays do not pass the router
         if any(isinstance(m.target, RejectedTarget) for m in messages) or (
             tenants and any(m.event.tenant not in tenants for m in messages)
         ):
-            return await self._send_valid(messages)
+            return await self._send_valid(messages, progress)
         n = len(messages)
-        limit = self.config.attempt_timeout
-        deadline = asyncio.timeout(limit)
+        deadline = asyncio.timeout_at(progress.deadline)
+        failure: SendResult
         try:
-            async with deadline:
-                results = await self.transport.send(messages)
+            with sending(progress):
+                async with deadline:
+                    results = await self.transport.send(messages)
         except TimeoutError:
             if not deadline.expired():  # the transport's own TimeoutError escaped: a transport bug
                 log.exception("destination %s: transport raised TimeoutError (a transport bug)", self.name)
-                return [RetryLater(f"unexpected TimeoutError from transport {self.transport.name!r}")] * n, False
-            error = (
-                f"delivery attempt to destination {self.name!r} timed out after {limit:g}s "
+                failure = RetryLater(f"unexpected TimeoutError from transport {self.transport.name!r}")
+                return progress.cut(messages, failure), False
+            failure = RetryLater(
+                f"delivery attempt to destination {self.name!r} timed out after {self.config.attempt_timeout:g}s "
                 f"(attempt_timeout); it is retried — raise attempt_timeout if the {self.transport.name} "
                 "endpoint is just slow"
             )
-            return [RetryLater(error)] * n, True
+            return progress.cut(messages, failure), True
         except RetryableError as exc:
-            return [RetryLater(str(exc), exc.retry_after)] * n, False
+            return progress.cut(messages, RetryLater(str(exc), exc.retry_after)), False
         except PermanentError as exc:
-            return [Rejected(str(exc))] * n, False
+            return progress.cut(messages, Rejected(str(exc))), False
         except UsageError as exc:
-            return [RetryLater(f"transport not usable: {exc}")] * n, False
+            return progress.cut(messages, RetryLater(f"transport not usable: {exc}")), False
         except Exception as exc:  # a transport bug must not lose events
             log.exception("destination %s: transport raised %s (a transport bug)", self.name, type(exc).__name__)
-            return [RetryLater(f"unexpected {type(exc).__name__} from transport {self.transport.name!r}")] * n, False
+            failure = RetryLater(f"unexpected {type(exc).__name__} from transport {self.transport.name!r}")
+            return progress.cut(messages, failure), False
         if len(results) != n:
             log.error("destination %s: transport returned %d results for %d messages", self.name, len(results), n)
-            return [RetryLater("transport returned a wrong number of results")] * n, False
+            return progress.cut(messages, RetryLater("transport returned a wrong number of results")), False
         return results, False
 
-    async def _send_valid(self, messages: list[Message]) -> tuple[Sequence[SendResult], bool]:
+    async def _send_valid(self, messages: list[Message], progress: Progress) -> tuple[Sequence[SendResult], bool]:
         """Reject messages whose target could not be rendered safely, or whose tenant this
         destination does not serve (``tenants``); send the others."""
         early: dict[int, SendResult] = {}
@@ -411,7 +458,7 @@ class DestinationWorker:
                     f"(tenants = {list(tenants)}); event not sent"
                 )
         rest = [m for i, m in enumerate(messages) if i not in early]
-        results, timed_out = await self._send(rest) if rest else ([], False)
+        results, timed_out = await self._send(rest, progress) if rest else ([], False)
         sent = iter(results)
         return [early[i] if i in early else next(sent) for i in range(len(messages))], timed_out
 
@@ -434,8 +481,9 @@ class DestinationWorker:
                 self.counts["delivered"] += 1
                 self.counts["duplicates"] += int(r.duplicate)
                 continue
-            if stream in failed:
+            if stream in failed or isinstance(r, NotSent):  # not attempted: pending as it was
                 out.append(Settlement(c.delivery_id, stream, "hold"))
+                failed.add(stream)
                 continue
             failed.add(stream)
             attempts = c.attempts + 1

@@ -13,13 +13,15 @@ attempt (a whole ``transport.send``) has a deadline, the destination's
 ``attempt_timeout``. Claims stay within ``relay.max_batch_bytes`` and, for all
 destinations together, ``relay.max_in_flight_bytes`` of event data.
 
-Shutdown (:meth:`stop`, or SIGINT/SIGTERM via the CLI) stops claiming, waits
-``relay.shutdown_grace`` seconds for in-flight batches, settles what
-finished, cancels the rest and releases the leases of what did not; nothing
-is lost. :meth:`run` returns within ``shutdown_grace`` + about
-``4 * STOP_STEP`` seconds whatever transports do: each later shutdown step
-(cancelled sends, closing transports, the final store calls) is abandoned
-after ``STOP_STEP`` seconds.
+Shutdown (:meth:`stop`, or SIGINT/SIGTERM via the CLI) stops claiming, tells
+the sends in flight to start no further message, waits
+``relay.shutdown_grace`` seconds for them, settles what finished, cancels the
+rest — settling what their transports reported confirmed — and releases the
+leases of what did not; nothing is lost, and nothing confirmed is sent again.
+:meth:`run` returns within ``shutdown_grace`` + about ``4 * STOP_STEP``
+seconds whatever transports do: each later shutdown step (cancelled sends,
+closing transports, the final store calls) is abandoned after ``STOP_STEP``
+seconds.
 """
 
 from __future__ import annotations
@@ -168,6 +170,7 @@ class Relay:
         if self._route_wake is not None:
             self._route_wake.set()
         for w in self.workers.values():
+            w.stop_sending()  # sends in flight start nothing new; what they finish is settled
             w.wake.set()
 
     def wake(self, pending_commit: bool = False) -> None:

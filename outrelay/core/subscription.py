@@ -21,7 +21,11 @@ Guarantees a backend gives the runtime.
 1. Each message is handed to one member of the group. It is handed again
    (to this or another member) only if it was not acked and its member
    stopped, crashed or lost its connection; then it reaches a live member
-   within about ``spec.claim_timeout`` seconds.
+   within about ``spec.claim_timeout`` seconds. One exception every broker
+   has: a live member that holds a message unacked for longer than
+   ``claim_timeout`` may see it handed to another member too (a Kafka
+   rebalance, a Redis XAUTOCLAIM, a JetStream ack wait); handlers that can
+   take that long need an :class:`~outrelay.Inbox` or an idempotent effect.
 2. ``receive`` returns the messages of one ordering key (the event's stream)
    in stream order. It never returns message k+1 of a stream while message
    k of that stream was handed to *another* member and is not acked yet
@@ -63,7 +67,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 
-from outrelay.core.transport import Received
+from outrelay.core.reading import Received
 
 __all__ = ["Inbound", "SubscriptionBackend", "SubscriptionSpec", "no_ack"]
 

@@ -1,46 +1,62 @@
-"""``outrelay.kit``: the one module a transport plugin imports.
+"""``outrelay.kit``: the one module a transport plugin imports — first-party transports included.
 
-Everything a third-party transport needs, and nothing it should not touch::
+Everything a transport needs, and nothing it should not touch::
 
     from outrelay.kit import (Capabilities, Delivered, ErrorMap, LifecycleTransport, Message, Rejected,
-                              RetryLater, SendResult, Template, TransportConfig, binary_headers, hookimpl)
+                              RetryLater, SendResult, Template, TransportConfig, binary_headers,
+                              send_in_key_order, transport_plugin)
 
 * the contract — :class:`Transport`, :class:`TransportConfig`,
   :class:`Capabilities`, :class:`Message`, the results :class:`Delivered` /
-  :class:`RetryLater` / :class:`Rejected`, the consumer side :class:`Reader` /
-  :class:`Received`, the :class:`Event` envelope, the errors
-  (:class:`RetryableError`, :class:`PermanentError`, :class:`UsageError`, ...);
-* :class:`LifecycleTransport` — the open/close/send-after-close state machine,
-  so a transport writes only ``_open``/``_send``/``_close``;
+  :class:`RetryLater` / :class:`NotSent` / :class:`Rejected`, the
+  :class:`Event` envelope, the errors (:class:`RetryableError`,
+  :class:`PermanentError`, :class:`UsageError`, ...);
+* progress — :func:`current_progress` gives the running send's
+  :class:`Progress`: report each outcome as soon as the broker confirms it,
+  and start no message it refuses (a cut batch then keeps what was confirmed);
+* :class:`LifecycleTransport` — the open/close/reconnecting/send-after-close
+  state machine, so a transport writes only ``_open``/``_send``/``_close``;
 * :class:`ErrorMap` — vendor exceptions to RetryLater/Rejected/RetryableError/
   PermanentError in one table; :func:`redact` masks credentials in messages;
+* ordering helpers — :func:`send_in_key_order`, :func:`send_chained`,
+  :func:`send_pipelined`, :func:`hold_after_failures`, :func:`not_sent`,
+  :func:`deferred`, :func:`failing_staged`: order per key kept, progress
+  reported, the deadline honoured;
+* the consuming side — :class:`Reader` / :class:`Received` (read back what
+  was published) and the subscription contract :class:`SubscriptionBackend`,
+  :class:`SubscriptionSpec`, :class:`Inbound`, :func:`no_ack`;
 * :class:`Template` — target templates (``"events.{type}"``) with tenant-safe
   escaping; a render that cannot be made safe is a :class:`RejectedTarget`;
 * the CloudEvents binding helpers — :func:`binary_headers` / :func:`from_binary`
   (binary mode under a protocol prefix, ``""`` for none), :func:`attributes` /
-  :func:`from_attributes`, :func:`to_structured` / :func:`from_structured`
-  (JSON structured mode, :data:`STRUCTURED_CONTENT_TYPE`);
-* ordering helpers — :func:`send_in_key_order`, :func:`send_chained` (also under its former
-  name ``send_in_waves``), :func:`send_pipelined`, :func:`hold_after_failures` (keep ``ordered_batches`` honest);
-* :data:`hookimpl` and :class:`Registry` for the ``outrelay_add_transports`` hook.
+  :func:`from_attributes`, :func:`to_structured` / :func:`from_structured` /
+  :func:`is_structured` (JSON structured mode, :data:`STRUCTURED_CONTENT_TYPE`);
+* TLS — :func:`client_ssl_context`, :func:`certificate_refused`, :func:`tls_hint`; sockets a client
+  library left open — :func:`close_writer` (bounded, then aborted);
+* registration — :func:`transport_plugin` (one line per transport), or
+  :data:`hookimpl` and :class:`Registry` for the ``outrelay_add_transports`` hook.
 
 Names are re-exported from their implementation modules; ``__all__`` is the
 public surface and follows semantic versioning (docs/transports.md is the guide).
 """
 
+from outrelay._version import __version__ as outrelay_version
 from outrelay.core.cloudevents import (
     STRUCTURED_CONTENT_TYPE,
+    attribute_names,
     attributes,
     binary_headers,
     from_attributes,
     from_binary,
     from_structured,
+    is_structured,
     to_structured,
 )
 from outrelay.core.envelope import Event, is_json_content_type
 from outrelay.core.errors import (
     ConfigError,
     EventError,
+    MissingExtraError,
     OutrelayError,
     PermanentError,
     RetryableError,
@@ -48,27 +64,36 @@ from outrelay.core.errors import (
     UsageError,
 )
 from outrelay.core.hookspecs import hookimpl
+from outrelay.core.progress import Progress, current_progress, sending
+from outrelay.core.reading import Reader, Received
 from outrelay.core.registry import Registry
+from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec, no_ack
 from outrelay.core.templates import RejectedTarget, Template
 from outrelay.core.transport import (
     Capabilities,
     Delivered,
     Message,
-    Reader,
-    Received,
+    NotSent,
     Rejected,
     RetryLater,
     SendResult,
     Transport,
     TransportConfig,
-    hold_after_failures,
-    send_chained,
-    send_in_key_order,
-    send_in_waves,
-    send_pipelined,
 )
 from outrelay.kit._errors import ErrorMap, Kind, Rule, redact
 from outrelay.kit._lifecycle import LifecycleTransport, State
+from outrelay.kit._ordering import (
+    deferred,
+    failing_staged,
+    hold_after_failures,
+    not_sent,
+    send_chained,
+    send_in_key_order,
+    send_pipelined,
+)
+from outrelay.kit._plugin import transport_plugin
+from outrelay.kit._streams import close_writer
+from outrelay.kit._tls import certificate_refused, client_ssl_context, tls_hint
 
 __all__ = [
     "STRUCTURED_CONTENT_TYPE",
@@ -78,11 +103,15 @@ __all__ = [
     "ErrorMap",
     "Event",
     "EventError",
+    "Inbound",
     "Kind",
     "LifecycleTransport",
     "Message",
+    "MissingExtraError",
+    "NotSent",
     "OutrelayError",
     "PermanentError",
+    "Progress",
     "Reader",
     "Received",
     "Registry",
@@ -93,23 +122,38 @@ __all__ = [
     "Rule",
     "SendResult",
     "State",
+    "SubscriptionBackend",
+    "SubscriptionSpec",
     "Template",
     "Transport",
     "TransportConfig",
     "TransportError",
     "UsageError",
+    "attribute_names",
     "attributes",
     "binary_headers",
+    "certificate_refused",
+    "client_ssl_context",
+    "close_writer",
+    "current_progress",
+    "deferred",
+    "failing_staged",
     "from_attributes",
     "from_binary",
     "from_structured",
     "hold_after_failures",
     "hookimpl",
     "is_json_content_type",
+    "is_structured",
+    "no_ack",
+    "not_sent",
+    "outrelay_version",
     "redact",
     "send_chained",
     "send_in_key_order",
-    "send_in_waves",
     "send_pipelined",
+    "sending",
+    "tls_hint",
     "to_structured",
+    "transport_plugin",
 ]

@@ -5,6 +5,10 @@ whose public ``open``/``send``/``close``/``check`` enforce the contract, so a
 subclass writes only its broker's work in ``_open``/``_send``/``_close``::
 
     new ──open()──▶ open ──close()──▶ closed ──open()──▶ open ...
+     │               │  ▲
+     │  connection_lost()  connection_restored()
+     │               ▼  │
+     │            reconnecting ──close()──▶ closed
      └──close()──▶ closed (nothing to release)
 
 * ``open()`` on an open transport does nothing. A failing ``_open`` leaves
@@ -21,8 +25,17 @@ subclass writes only its broker's work in ``_open``/``_send``/``_close``::
   nothing. The state is ``closed`` even if ``_close`` fails (the error is
   mapped and raised once). A closed transport may be opened again: the relay
   and ``outrelay check`` may reopen one instance.
+* ``reconnecting``: a transport whose client library reconnects by itself
+  (NATS, RabbitMQ) calls :meth:`~LifecycleTransport.connection_lost` from
+  its disconnect callback and :meth:`~LifecycleTransport.connection_restored`
+  once connected again. Meanwhile ``send()`` raises
+  :class:`~outrelay.RetryableError` at once, naming the cause, instead of
+  writing into a dead connection (the relay backs off and sends again);
+  ``open()`` does nothing (the client is already at it) and ``close()``
+  closes as from ``open``.
 * ``check()`` opens if needed, returns ``await _check()`` and closes again
-  what it opened itself.
+  only what it opened itself: checking an open transport leaves it open.
+  A failing ``_check`` leaves nothing behind that it opened.
 
 ``open()`` and ``close()`` are serialised by a lock, so a ``close()`` racing
 an ``open()`` runs after it. ``send()`` calls are not serialised: ``_send``
@@ -33,23 +46,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, Literal
 
-from outrelay.core.errors import OutrelayError, UsageError
+from outrelay.core.errors import OutrelayError, RetryableError, UsageError
 from outrelay.core.transport import Message, SendResult, Transport, TransportConfig
 from outrelay.kit._errors import ErrorMap
 
 __all__ = ["LifecycleTransport", "State"]
 
-State = Literal["new", "open", "closed"]
+State = Literal["new", "open", "reconnecting", "closed"]
 
 
 class LifecycleTransport(Transport):
     """A transport base carrying the open/close rules (see the module docstring).
 
-    Subclasses implement :meth:`_open`, :meth:`_send` and :meth:`_close`, and
-    may override :meth:`_check` and set :attr:`errors`.
+    Subclasses implement :meth:`_open`, :meth:`_send` and :meth:`_close`
+    (abstract: an incomplete plugin fails when it is instantiated), and may
+    override :meth:`_check` and set :attr:`errors`.
     """
 
     #: how vendor exceptions escaping ``_open``/``_send``/``_close`` are classified;
@@ -59,6 +74,7 @@ class LifecycleTransport(Transport):
     def __init__(self, config: TransportConfig, *, destination: str = "default") -> None:
         super().__init__(config, destination=destination)
         self._state: State = "new"
+        self._lost = ""  # why the connection was lost, while reconnecting
         self._lifecycle_lock = asyncio.Lock()
 
     @property
@@ -68,17 +84,34 @@ class LifecycleTransport(Transport):
 
     @property
     def is_open(self) -> bool:
+        """True while open (not while reconnecting)."""
         return self._state == "open"
+
+    def connection_lost(self, reason: str) -> None:
+        """The client lost its connection and is reconnecting by itself (see the module docstring)."""
+        if self._state == "open":
+            self._state = "reconnecting"
+            self._lost = reason
+
+    def connection_restored(self) -> None:
+        """The client is connected again: sends go through again."""
+        if self._state == "reconnecting":
+            self._state = "open"
+            self._lost = ""
 
     # -- what a subclass implements ------------------------------------------
 
+    @abstractmethod
     async def _open(self) -> None:
         """Connect. Raise RetryableError (broker down) or PermanentError (fix the config)."""
 
+    @abstractmethod
     async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
-        """Publish a non-empty ``batch`` while open; one result per message, in order."""
-        raise NotImplementedError(f"{type(self).__name__} must implement _send()")
+        """Publish a non-empty ``batch`` while open; one result per message, in order,
+        each reported to :func:`~outrelay.kit.current_progress` as soon as it is known
+        (the kit's ordering helpers do that)."""
 
+    @abstractmethod
     async def _close(self) -> None:
         """Release everything ``_open`` acquired; must tolerate a partial ``_open``."""
 
@@ -94,7 +127,7 @@ class LifecycleTransport(Transport):
     async def open(self) -> None:
         """Connect unless already open. :raises RetryableError/PermanentError: see the module docstring."""
         async with self._lifecycle_lock:
-            if self._state == "open":
+            if self._state in ("open", "reconnecting"):
                 return
             try:
                 with self.errors.boundary(f"{self._what()}: open", destination=self.destination):
@@ -108,6 +141,11 @@ class LifecycleTransport(Transport):
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:
         """Publish ``batch`` (see :meth:`_send`). :raises UsageError: not open."""
         if self._state != "open":
+            if self._state == "reconnecting":
+                raise RetryableError(
+                    f"{self._what()}: connection lost ({self._lost}); the client is reconnecting",
+                    destination=self.destination,
+                )
             hint = "call open() first" if self._state == "new" else "send() after close(); open() it again"
             raise UsageError(f"{self._what()} is {self._state}, not open: {hint}")
         if not batch:
@@ -118,7 +156,7 @@ class LifecycleTransport(Transport):
     async def close(self) -> None:
         """Disconnect; idempotent, and a no-op on a transport that is not open."""
         async with self._lifecycle_lock:
-            if self._state != "open":
+            if self._state not in ("open", "reconnecting"):
                 if self._state == "new":
                     self._state = "closed"
                 return
@@ -128,7 +166,7 @@ class LifecycleTransport(Transport):
 
     async def check(self) -> str:
         """Open if needed, probe with :meth:`_check`, close again what was opened here."""
-        opened_here = self._state != "open"
+        opened_here = self._state not in ("open", "reconnecting")
         await self.open()
         try:
             with self.errors.boundary(f"{self._what()}: check", destination=self.destination):

@@ -55,7 +55,7 @@ from pydantic import Field, SecretStr
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
 from outrelay.core.errors import PermanentError, RetryableError, TransportError, UsageError
-from outrelay.core.transport import Rejected, RetryLater, SendResult, TransportConfig
+from outrelay.kit import Rejected, RetryLater, SendResult, TransportConfig
 
 __all__ = [
     "AWSBase",

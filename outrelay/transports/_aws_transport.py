@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 from outrelay.core.envelope import Event
 from outrelay.core.errors import PermanentError, TransportError
 from outrelay.core.templates import Template
-from outrelay.core.transport import Capabilities, Message, SendResult, Transport
+from outrelay.kit import Capabilities, Message, SendResult, Transport
 from outrelay.transports._aws import AWSBase, AWSConfig, DeniedError
 from outrelay.transports._aws_batch import send_batch
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from outrelay.core.errors import RetryableError
 from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
-from outrelay.core.transport import Received
+from outrelay.kit import Received
 
 if TYPE_CHECKING:
     from outrelay.transports.memory import MemoryBroker

@@ -30,9 +30,10 @@ from outrelay.core.envelope import Event
 from outrelay.core.errors import PermanentError, RetryableError
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.templates import Template
-from outrelay.core.transport import (
+from outrelay.kit import (
     Capabilities,
     Delivered,
+    LifecycleTransport,
     Message,
     Reader,
     Received,
@@ -41,7 +42,6 @@ from outrelay.core.transport import (
     SendResult,
     TransportConfig,
 )
-from outrelay.kit import LifecycleTransport
 
 if TYPE_CHECKING:
     from outrelay.core.registry import Registry
@@ -139,6 +139,9 @@ class FileTransport(LifecycleTransport):
         for target in [t for t in self._files if self._used.get(t, 0.0) < horizon]:
             self._files.pop(target).close()
             self._used.pop(target, None)
+
+    async def _open(self) -> None:
+        """Nothing to connect: files are opened on first write."""
 
     async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
         return await asyncio.to_thread(self._write, batch)

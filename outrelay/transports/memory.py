@@ -22,9 +22,10 @@ from outrelay.core.errors import RetryableError
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 from outrelay.core.templates import Template
-from outrelay.core.transport import (
+from outrelay.kit import (
     Capabilities,
     Delivered,
+    LifecycleTransport,
     Message,
     Reader,
     Received,
@@ -33,7 +34,6 @@ from outrelay.core.transport import (
     SendResult,
     TransportConfig,
 )
-from outrelay.kit import LifecycleTransport
 from outrelay.transports._memory_bus import MemoryGroup, MemorySubscription
 
 if TYPE_CHECKING:
@@ -104,6 +104,10 @@ class MemoryTransport(LifecycleTransport):
     name = "memory"
     Config = MemoryConfig
     conformance_unreachable_options: ClassVar[Mapping[str, Any] | None] = {"down": True}
+    #: what the conformance suite cannot certify here, and why (see outrelay.conformance.ConformanceTarget)
+    conformance_unsupported: ClassVar[Mapping[str, str]] = {
+        "processes": "an in-process broker: members in other processes cannot reach it"
+    }
     _brokers: ClassVar[dict[str, MemoryBroker]] = {}
 
     def __init__(self, config: MemoryConfig | None = None, *, destination: str = "memory") -> None:
@@ -173,6 +177,9 @@ class MemoryTransport(LifecycleTransport):
         b.messages[m.target].append(r)
         b.log.append(r)
         return Delivered()
+
+    async def _close(self) -> None:
+        """Nothing to release: the broker lives on for readers and other transports."""
 
     async def _check(self) -> str:
         return (

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from outrelay.core.subscriber import Subscription
 from tests.bus._member import Recorder
 from tests.bus.backends import BusBackend
 
-__all__ = ["Harness", "Record", "events_for", "first_handlings", "records_of"]
+__all__ = ["Harness", "Record", "events_for", "records_of"]
 
 ROOT = Path(__file__).resolve().parents[2]
 Record = dict[str, Any]
@@ -42,17 +41,6 @@ def records_of(paths: list[Path]) -> list[Record]:
     return out
 
 
-def first_handlings(records: list[Record]) -> dict[str, list[Record]]:
-    """Per stream, the first handling of each event, by start time."""
-    seen: set[str] = set()
-    lanes: dict[str, list[Record]] = defaultdict(list)
-    for r in sorted(records, key=lambda r: r["start"]):
-        if r["id"] not in seen:
-            seen.add(r["id"])
-            lanes[r["stream"]].append(r)
-    return lanes
-
-
 class Member:
     """A group member or fan-out subscriber: a process (brokers) or a task (in-process bus)."""
 
@@ -64,14 +52,6 @@ class Member:
         self.sub: Subscription | None = None
         self.recorder: Recorder | None = None
         self.dying: asyncio.Future[None] | None = None
-
-    async def kill(self) -> None:
-        """Die without acking what is in flight: SIGKILL, or for a task an unsubscribe with no grace."""
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            await asyncio.to_thread(self.proc.wait, 10)
-        elif self.sub is not None:
-            await self.sub.unsubscribe(grace=0)
 
     async def stop(self) -> None:
         if self.proc is not None and self.proc.stdout is not None:

@@ -27,6 +27,10 @@ class TestMemoryConformance(ConformanceSuite):
     @pytest.fixture
     def conformance_target(self) -> ConformanceTarget:
         broker = f"orconf-{uuid.uuid4().hex[:8]}"
+
+        async def publish_foreign(target: str) -> None:
+            MemoryTransport.broker(broker).put_foreign(target, b"not a cloudevent", key="s0")
+
         return ConformanceTarget(
             make_transport=lambda target: MemoryTransport(
                 MemoryConfig(broker=broker, target=target, max_message_bytes=MAX_BYTES), destination="conformance"
@@ -43,6 +47,8 @@ class TestMemoryConformance(ConformanceSuite):
             binding=Binding("memory", prefix="ce-"),  # datacontenttype travels as Received.content_type
             read_timeout=2.0,
             timeout=2.0,
+            publish_foreign=publish_foreign,
+            claim_timeout=1.0,  # the in-process bus hands a stopped member's messages over at once
         )
 
 

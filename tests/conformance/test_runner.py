@@ -11,6 +11,7 @@ from typing import ClassVar
 import pytest
 
 from outrelay.conformance import CHECKS
+from outrelay.conformance._harness import run_check
 from outrelay.conformance.runner import build_target, target_option
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError
@@ -37,6 +38,13 @@ path = "{tmp_path}/out/events.jsonl"
 """
     )
     return path
+
+
+class ForeignMemory(MemoryTransport):
+    """A memory transport that can put a foreign message on its target (the runner's class hook)."""
+
+    async def conformance_publish_foreign(self) -> None:
+        MemoryTransport.broker(self.cfg.broker).put_foreign(self.cfg.target, b"not a cloudevent")
 
 
 def run(config: Path, destination: str, report: Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -82,6 +90,26 @@ class TestBuildTarget:
         assert not target.isolated
         assert "configured target as is" in target.label
         assert target.make_transport("ignored").cfg.path.endswith("out/events.jsonl")  # type: ignore[attr-defined]
+
+    def test_publish_foreign_comes_from_the_transport_class(self, config: Path, tmp_path: Path) -> None:
+        """A class's conformance_publish_foreign becomes the target's publish_foreign hook, so the foreign-message
+        check runs from the command line too; a class without one gives no hook."""
+        target = build_target(None, None, plugins=[f"{__name__}:ForeignMemory"], options={"broker": "orconf-foreign"})
+        assert target.publish_foreign is not None
+        run_check(target, "subscription_foreign_message", tmp_path)
+        assert build_target(str(config), "mem").publish_foreign is None
+
+    def test_member_processes_of_a_plugin_loaded_from_a_file(self, tmp_path: Path) -> None:
+        """A transport loaded with --plugin path/to/file.py (a module no name imports) still has group members in
+        processes of their own: they import that file too."""
+        plugin = tmp_path / "carrier_plugin.py"
+        plugin.write_text(
+            "from tests.conformance._sqlbus import SqlBusTransport\n\n\n"
+            "class CarrierBus(SqlBusTransport):\n    name = 'carrierbus'\n"
+        )
+        options = {"path": str(tmp_path / "bus.db"), "target": "events"}
+        target = build_target(None, None, plugins=[str(plugin)], options=options, read_timeout=2.0, timeout=5.0)
+        run_check(target, "subscription_group_processes", tmp_path)
 
     def test_unknown_destination_is_a_config_error(self, config: Path) -> None:
         """An unknown destination raises ConfigError naming the defined ones."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ssl
 
-from outrelay.core.tls import certificate_refused, tls_hint
+from outrelay.kit import certificate_refused, tls_hint
 
 TEXT = "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate (_ssl.c:1006)"
 

@@ -8,12 +8,11 @@ import logging
 import pytest
 
 from outrelay import Delivered, Event, Message, Rejected, RetryLater
-from outrelay.core.transport import (
+from outrelay.kit import (
     SendResult,
     hold_after_failures,
     send_chained,
     send_in_key_order,
-    send_in_waves,
     send_pipelined,
 )
 
@@ -96,7 +95,7 @@ async def test_send_pipelined_starts_in_order_and_stops_a_key_after_a_local_fail
     assert futures[batch[4].event.id].cancelled()
 
 
-async def test_send_in_waves_keeps_one_message_of_a_key_unconfirmed_and_stops_it_after_a_failure() -> None:
+async def test_send_chained_keeps_one_message_of_a_key_unconfirmed_and_stops_it_after_a_failure() -> None:
     """A key's next message is written only once its previous one is confirmed Delivered; keys
     go together (a wave's writes happen before any of its outcomes is awaited); after a refusal,
     a timeout or a local failure the key's later messages are never written (RetryLater)."""
@@ -120,7 +119,7 @@ async def test_send_in_waves_keeps_one_message_of_a_key_unconfirmed_and_stops_it
             return RetryLater("no answer")
         return Rejected("refused") if f.result() == "no" else Delivered()
 
-    results = await send_in_waves(batch, start, outcome, timeout=0.2, destination="d", log=log)
+    results = await send_chained(batch, start, outcome, timeout=0.2, destination="d", log=log)
     assert results[0] == Delivered() and results[1] == Rejected("refused")
     assert results[3] == results[4] == Delivered()
     assert isinstance(results[5], Rejected) and results[7] == RetryLater("no answer")
@@ -162,7 +161,7 @@ async def test_flush_writes_what_start_staged_before_any_outcome_is_awaited(wave
 
     kwargs = {"timeout": 1.0, "destination": "d", "log": log, "flush": flush}
     if waves:
-        results = await send_in_waves(batch, start, outcome, **kwargs)  # type: ignore[arg-type]
+        results = await send_chained(batch, start, outcome, **kwargs)  # type: ignore[arg-type]
         assert flushes == [2, 1]  # wave 1: a's first and b's; wave 2: a's second, whose write failed
         assert results == [Delivered(), RetryLater("cut"), Delivered()]
     else:

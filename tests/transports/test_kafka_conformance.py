@@ -80,6 +80,16 @@ class TestKafkaConformance(ConformanceSuite):
             opts = kafka_peer.options(topic, bootstrap_servers=bootstrap, connect_timeout=3.0, request_timeout=8.0)
             return KafkaTransport(KafkaConfig.model_validate(opts), destination="conformance")
 
+        async def publish_foreign(topic: str) -> None:
+            from aiokafka import AIOKafkaProducer
+
+            producer = AIOKafkaProducer(bootstrap_servers=kafka_peer.bootstrap)
+            await producer.start()
+            try:
+                await producer.send_and_wait(topic, b"not a cloudevent", key=b"s0")  # no ce_* headers
+            finally:
+                await producer.stop()
+
         password = long_secret()
         return ConformanceTarget(
             make_transport=lambda topic: make(topic, kafka_peer.bootstrap),
@@ -90,6 +100,8 @@ class TestKafkaConformance(ConformanceSuite):
             read_timeout=10.0,
             binding=KAFKA,
             make_forbidden=lambda topic: refused_login(topic, kafka_auth_bootstrap, password),
+            publish_foreign=publish_foreign,
+            claim_timeout=2.0,  # the session timeout; tansu accepts 2 s (stock Kafka's least is 6 s)
         )
 
     @pytest.fixture

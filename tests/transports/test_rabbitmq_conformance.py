@@ -21,15 +21,19 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
+import aio_pika
 import pytest
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import AMQP
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, split_target
+from outrelay.transports.rabbitmq._subscriber import group_queue
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
 from tests.peers.conformance_hooks import long_secret, rabbitmq_users
 from tests.peers.rabbitmq import ExchangeFactory
 from tests.services import free_port
+
+SHARDS = 16  # group_shards, the default: a group's shard queues (deleted at teardown)
 
 
 def _netloc(url: str, host: str, port: int) -> str:
@@ -76,6 +80,19 @@ class TestRabbitMQConformance(ConformanceSuite):
             exchange, _ = split_target(target)
             return f"{exchange}/refused.unbound"  # no queue binds it: basic.return, then Rejected
 
+        async def publish_foreign(target: str) -> None:
+            exchange, routing_key = split_target(target)
+            conn = await aio_pika.connect(rabbitmq_url, timeout=5)
+            async with conn:
+                channel = await conn.channel()
+                ex = await channel.get_exchange(exchange, ensure=False)
+                await ex.publish(aio_pika.Message(b"not a cloudevent"), routing_key=routing_key)
+
+        async def forget_group(target: str, group: str) -> None:
+            base = group_queue(group, split_target(target)[0])  # deleted with the exchanges at teardown
+            exchanges.queues += [base, f"{base}.members", *(f"{base}.{i}" for i in range(SHARDS))]
+            exchanges.exchanges.insert(0, base)
+
         def make(target: str, url: str) -> RabbitMQTransport:
             exchange, routing_key = split_target(target)
             cfg = RabbitMQConfig(
@@ -95,6 +112,7 @@ class TestRabbitMQConformance(ConformanceSuite):
             make_unreachable=lambda target: make(target, _netloc(url, "127.0.0.1", free_port())),
             unsupported={
                 "throttle": "RabbitMQ throttles by blocking the connection (flow control), with no retry hint",
+                "from_beginning": "an exchange keeps nothing: a group's queues hold what arrived since its first start",
             },
             label="rabbitmq (real RabbitMQ 3.10 broker" + (", users of the run)" if user else ")"),
             read_timeout=10.0,
@@ -104,5 +122,8 @@ class TestRabbitMQConformance(ConformanceSuite):
             make_forbidden=(lambda target: make(target, _login(rabbitmq_url, f"{user}-ro"))) if user else None,
             secret=secret,
             binding=AMQP,
+            publish_foreign=publish_foreign,
+            forget_group=forget_group,
+            claim_timeout=2.0,  # the heartbeat: RabbitMQ's least is 2 s
         )
         await exchanges.delete_all()

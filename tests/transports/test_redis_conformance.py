@@ -59,6 +59,13 @@ class TestRedisConformance(ConformanceSuite):
                 await client.aclose()
             return wrong
 
+        async def publish_foreign(key: str) -> None:
+            client = aioredis.Redis.from_url(redis_url)  # the check's own event loop: not `admin`'s
+            try:
+                await client.xadd(key, {"hello": b"world"})  # no ce_* fields: not an outrelay CloudEvent
+            finally:
+                await client.aclose()
+
         def make(key: str, url: str, username: str = user) -> RedisTransport:
             cfg = RedisConfig(
                 url=url, stream=key, username=username, password=secret, connect_timeout=1.0, socket_timeout=3.0
@@ -81,6 +88,8 @@ class TestRedisConformance(ConformanceSuite):
             make_forbidden=lambda key: make(key, redis_url, username=f"{user}-ro"),
             secret=secret,
             binding=Binding("redis", prefix="ce_"),
+            publish_foreign=publish_foreign,
+            claim_timeout=2.0,
         )
         try:
             if keys:

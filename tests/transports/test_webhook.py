@@ -246,7 +246,7 @@ class TestBatches:
             assert [e.id for e in receiver.events() if e.stream == s] == [e.id for e in evs if e.stream == s]
 
     async def test_after_a_failure_later_same_key_events_are_not_sent(self, receiver: WebhookReceiver) -> None:
-        """Once an event of a stream fails, that stream's later events are RetryLater and never sent."""
+        """Once an event of a stream fails, that stream's later events are NotSent (a RetryLater) and never sent."""
         evs = [event("a", 1), event("a", 2), event("b", 1), event("a", 3), event("b", 2)]
         receiver.respond = lambda req: 500 if req.event is not None and req.event.id == evs[1].id else 204
         t = make_transport(receiver.url)
@@ -256,8 +256,8 @@ class TestBatches:
         finally:
             await t.close()
         kinds = [type(r).__name__ for r in results]
-        assert kinds == ["Delivered", "RetryLater", "Delivered", "RetryLater", "Delivered"]
-        assert "not sent" in results[3].error  # type: ignore[attr-defined]
+        assert kinds == ["Delivered", "RetryLater", "Delivered", "NotSent", "Delivered"]
+        assert isinstance(results[3], RetryLater) and "not sent" in results[3].error
         sent = {r.event.id for r in receiver.requests if r.event}
         assert evs[3].id not in sent and {evs[0].id, evs[1].id, evs[2].id, evs[4].id} <= sent
 

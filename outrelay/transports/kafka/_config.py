@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from outrelay.core.templates import Template
-from outrelay.core.transport import TransportConfig
+from outrelay.kit import TransportConfig
 
 __all__ = ["TOPIC_RE", "KafkaConfig"]
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from aiokafka import errors as ke
 
 from outrelay.core.errors import PermanentError, RetryableError, TransportError
-from outrelay.core.transport import Rejected, RetryLater, SendResult
+from outrelay.kit import Rejected, RetryLater, SendResult
 
 __all__ = ["describe", "is_permanent", "map_kafka_errors", "result_for"]
 

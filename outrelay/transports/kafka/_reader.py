@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from outrelay.core import cloudevents
 from outrelay.core.errors import RetryableError
-from outrelay.core.transport import Reader, Received
+from outrelay.kit import Reader, Received
 from outrelay.transports.kafka._config import KafkaConfig
 from outrelay.transports.kafka._errors import map_kafka_errors
 

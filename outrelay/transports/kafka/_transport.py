@@ -52,8 +52,7 @@ from outrelay.core.envelope import Event
 from outrelay.core.errors import PermanentError, UsageError
 from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 from outrelay.core.templates import Template
-from outrelay.core.tls import certificate_refused, tls_hint
-from outrelay.core.transport import (
+from outrelay.kit import (
     Capabilities,
     Delivered,
     Message,
@@ -62,6 +61,8 @@ from outrelay.core.transport import (
     RetryLater,
     SendResult,
     Transport,
+    certificate_refused,
+    tls_hint,
 )
 from outrelay.transports.kafka._config import TOPIC_RE, KafkaConfig
 from outrelay.transports.kafka._errors import describe, map_kafka_errors, result_for

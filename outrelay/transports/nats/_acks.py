@@ -34,7 +34,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from outrelay.core.transport import failing_staged
+from outrelay.kit import failing_staged
 
 __all__ = ["AckMux", "header_block"]
 

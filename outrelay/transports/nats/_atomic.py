@@ -32,7 +32,7 @@ Outcomes of one batch:
   whole batch rather than drop the duplicate), atomic publishing turned off
   on the stream (10174), a refusal about one message (too large, wrong
   stream), no responders: the members are sent again at once with one
-  unacked message per stream (:func:`~outrelay.core.transport.send_chained`,
+  unacked message per stream (:func:`~outrelay.kit.send_chained`,
   safe on a cluster), so each gets its own outcome — a stored duplicate is
   then acked as one by the duplicate window. (Retrying the batch as a whole
   could refuse it forever.) A batch spans one JetStream stream: a
@@ -55,7 +55,7 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 
-from outrelay.core.transport import Delivered, Message, RetryLater, SendResult, hold_after_failures, not_sent
+from outrelay.kit import Delivered, Message, RetryLater, SendResult, hold_after_failures, not_sent
 from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._errors import result_for
 

@@ -29,7 +29,7 @@ from typing import Any, Literal, NamedTuple
 import nats.js.api
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from outrelay.core.transport import TransportConfig
+from outrelay.kit import TransportConfig
 
 __all__ = ["NatsConfig", "PublishMode", "StreamSpec", "atomic_not_allowed", "mask_url", "publish_mode", "stream_traits"]
 

@@ -11,7 +11,7 @@ import nats
 from nats.aio.client import Client
 
 from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.core.tls import certificate_refused, tls_hint
+from outrelay.kit import certificate_refused, tls_hint
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._errors import classify, denied_subject, is_auth_error, mapped
 from outrelay.transports.nats._sockets import close_failed_attempt, close_streams

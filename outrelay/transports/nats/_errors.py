@@ -18,7 +18,7 @@ import nats.errors
 import nats.js.errors
 
 from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.core.transport import Rejected, RetryLater, SendResult
+from outrelay.kit import Rejected, RetryLater, SendResult
 
 __all__ = ["PublishDenied", "classify", "denied_subject", "is_auth_error", "mapped", "result_for"]
 

@@ -23,7 +23,7 @@ from nats.js.client import JetStreamContext
 
 from outrelay.core import cloudevents
 from outrelay.core.errors import UsageError
-from outrelay.core.transport import Reader, Received
+from outrelay.kit import Reader, Received
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._errors import mapped
 

@@ -33,7 +33,7 @@ import logging
 
 from nats.aio.client import Client
 
-from outrelay.transports._streams import close_writer
+from outrelay.kit import close_writer
 
 __all__ = ["close_failed_attempt", "close_streams"]
 

@@ -47,7 +47,7 @@ publishing a stream's next message (``pipeline = false``: streams still go in
 parallel, one unacked message each, so even that case cannot reorder; a
 stream's next message is written as soon as its previous one is acked,
 with whatever other streams' messages are due in the same write,
-:func:`~outrelay.core.transport.send_chained`). When the stream is unknown
+:func:`~outrelay.kit.send_chained`). When the stream is unknown
 at open (a templated subject, no ``expected_stream``) ``auto`` pipelines.
 The order guard (``order_guard``, :mod:`~outrelay.transports.nats._chain`;
 experimental, off by default, and refused on replicated streams: on
@@ -83,7 +83,7 @@ from outrelay.core.envelope import Event
 from outrelay.core.errors import PermanentError, RetryableError, UsageError
 from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 from outrelay.core.templates import Template
-from outrelay.core.transport import (
+from outrelay.kit import (
     Capabilities,
     Delivered,
     Message,

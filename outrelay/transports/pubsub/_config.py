@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from outrelay.core.transport import TransportConfig
+from outrelay.kit import TransportConfig
 
 __all__ = ["PubSubConfig", "make_publisher", "make_subscriber"]
 

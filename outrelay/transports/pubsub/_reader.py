@@ -14,7 +14,7 @@ from typing import Any
 
 from outrelay.core import cloudevents
 from outrelay.core.errors import RetryableError, UsageError
-from outrelay.core.transport import Reader, Received
+from outrelay.kit import Reader, Received
 from outrelay.transports.pubsub._config import PubSubConfig, make_subscriber
 
 __all__ = ["PubSubReader"]

@@ -8,7 +8,7 @@ from pydantic import Field, SecretStr
 
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
-from outrelay.core.transport import TransportConfig
+from outrelay.kit import TransportConfig
 
 __all__ = ["PulsarConfig", "properties"]
 

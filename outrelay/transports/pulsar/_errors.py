@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import pulsar
 
 from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.core.transport import Delivered, Rejected, RetryLater, SendResult
+from outrelay.kit import Delivered, Rejected, RetryLater, SendResult
 
 __all__ = ["PERMANENT", "Acks", "call_blocking", "map_pulsar_errors", "outcome"]
 

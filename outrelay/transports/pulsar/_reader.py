@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pulsar
 
 from outrelay.core import cloudevents
-from outrelay.core.transport import Reader, Received
+from outrelay.kit import Reader, Received
 from outrelay.transports.pulsar._errors import call_blocking
 
 if TYPE_CHECKING:

@@ -58,7 +58,7 @@ import pulsar
 from outrelay.core.envelope import Event
 from outrelay.core.errors import RetryableError, TransportError, UsageError
 from outrelay.core.templates import Template
-from outrelay.core.transport import (
+from outrelay.kit import (
     Capabilities,
     Delivered,
     Message,

@@ -27,7 +27,7 @@ from pydantic import Field, SecretStr, field_validator
 
 from outrelay.core.errors import PermanentError
 from outrelay.core.templates import Template
-from outrelay.core.transport import TransportConfig
+from outrelay.kit import TransportConfig
 
 __all__ = ["RabbitMQConfig", "bad_names", "binding_pattern", "mask_url", "split_target", "subscription_target"]
 

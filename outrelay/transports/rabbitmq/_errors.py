@@ -16,8 +16,7 @@ from contextlib import contextmanager
 import aiormq.exceptions
 
 from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.core.tls import certificate_refused, tls_hint
-from outrelay.core.transport import Rejected, RetryLater, SendResult
+from outrelay.kit import Rejected, RetryLater, SendResult, certificate_refused, tls_hint
 
 __all__ = [
     "TOPIC_REFUSAL",

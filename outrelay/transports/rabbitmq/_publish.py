@@ -41,7 +41,7 @@ from typing import Any
 
 from aiormq.abc import ChannelFrame
 
-from outrelay.core.transport import failing_staged
+from outrelay.kit import failing_staged
 from outrelay.transports.rabbitmq._wire import Properties
 
 __all__ = ["Staged", "publish_frames"]

@@ -20,7 +20,7 @@ import aio_pika.abc
 
 from outrelay.core import cloudevents
 from outrelay.core.errors import UsageError
-from outrelay.core.transport import Reader, Received
+from outrelay.kit import Reader, Received
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, split_target
 from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, mapped
 

@@ -55,7 +55,7 @@ from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
 from outrelay.core.errors import UsageError
 from outrelay.core.templates import RejectedTarget, Template
-from outrelay.core.transport import (
+from outrelay.kit import (
     Capabilities,
     Delivered,
     Message,

@@ -32,7 +32,7 @@ import orjson
 from redis import exceptions as rx
 
 from outrelay.core import cloudevents
-from outrelay.core.transport import Delivered, Message, RetryLater, SendResult
+from outrelay.kit import Delivered, Message, RetryLater, SendResult
 from outrelay.transports.redis._client import Client
 from outrelay.transports.redis._errors import reply_result, result_for
 

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from outrelay.core.templates import Template
-from outrelay.core.transport import TransportConfig
+from outrelay.kit import TransportConfig
 
 __all__ = ["RedisConfig"]
 

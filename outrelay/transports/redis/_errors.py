@@ -20,8 +20,7 @@ from redis import exceptions as rx
 from redis.exceptions import RedisClusterException
 
 from outrelay.core.errors import PermanentError, RetryableError, TransportError
-from outrelay.core.tls import certificate_refused, tls_hint
-from outrelay.core.transport import Rejected, RetryLater, SendResult
+from outrelay.kit import Rejected, RetryLater, SendResult, certificate_refused, tls_hint
 
 __all__ = ["describe", "is_permanent", "map_redis_errors", "reply_result", "result_for"]
 

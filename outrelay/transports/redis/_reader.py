@@ -19,7 +19,7 @@ from typing import Any
 from redis import exceptions as rx
 
 from outrelay.core import cloudevents
-from outrelay.core.transport import Reader, Received
+from outrelay.kit import Reader, Received
 from outrelay.transports.redis._client import open_client
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._errors import map_redis_errors

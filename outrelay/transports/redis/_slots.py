@@ -34,7 +34,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from outrelay.core.errors import PermanentError, TransportError
-from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult
+from outrelay.kit import Delivered, Message, Rejected, RetryLater, SendResult
 from outrelay.transports.redis._batch import HELD, XADD_SCRIPT, pack_chunk, script_outcomes
 from outrelay.transports.redis._errors import map_redis_errors, result_for
 

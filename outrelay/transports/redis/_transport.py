@@ -49,7 +49,7 @@ from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
 from outrelay.core.errors import PermanentError, TransportError, UsageError
 from outrelay.core.templates import Template
-from outrelay.core.transport import (
+from outrelay.kit import (
     Capabilities,
     Delivered,
     Message,

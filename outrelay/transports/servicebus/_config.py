@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import Field, SecretStr, model_validator
 
 from outrelay.core.errors import MissingExtraError
-from outrelay.core.transport import TransportConfig
+from outrelay.kit import TransportConfig
 
 __all__ = ["ServiceBusConfig", "broker_id", "make_client", "mask"]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from outrelay.core import cloudevents
 from outrelay.core.errors import RetryableError, UsageError
-from outrelay.core.transport import Reader, Received
+from outrelay.kit import Reader, Received
 from outrelay.transports.servicebus._config import ServiceBusConfig, broker_id, make_client, mask
 from outrelay.transports.servicebus._sockets import Guarded
 

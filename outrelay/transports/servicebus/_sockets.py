@@ -47,7 +47,7 @@ import contextlib
 import logging
 from typing import Any
 
-from outrelay.transports._streams import close_writer
+from outrelay.kit import close_writer
 
 __all__ = ["Guarded"]
 

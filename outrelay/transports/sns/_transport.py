@@ -33,7 +33,7 @@ import uuid
 from typing import Any
 
 from outrelay.core.errors import TransportError
-from outrelay.core.transport import Message, Reader, Received
+from outrelay.kit import Message, Reader, Received
 from outrelay.transports._aws import AWSBase, AWSConfig, message_attributes
 from outrelay.transports._aws_transport import AWSTransport
 from outrelay.transports.sqs._transport import SQSReader

@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from outrelay.core import cloudevents
-from outrelay.core.transport import Message, Reader, Received
+from outrelay.kit import Message, Reader, Received
 from outrelay.transports._aws import AWSBase, AWSConfig, fifo_id, message_attributes
 from outrelay.transports._aws_transport import AWSTransport
 

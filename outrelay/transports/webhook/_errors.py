@@ -21,7 +21,7 @@ from datetime import UTC
 from urllib.parse import urlsplit
 
 from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.core.transport import Delivered, Rejected, RetryLater, SendResult
+from outrelay.kit import Delivered, Rejected, RetryLater, SendResult
 from outrelay.transports.webhook._http import ConnectionPool, InvalidRequest, ProtocolError, Response, parse_target
 from outrelay.transports.webhook._ping import PING_TYPE
 from outrelay.transports.webhook._ssrf import PrivateAddressRefused

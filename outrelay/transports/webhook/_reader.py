@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from outrelay.core.errors import UsageError
-from outrelay.core.transport import Reader, Received
+from outrelay.kit import Reader, Received
 from outrelay.transports.webhook._signing import Secrets
 from outrelay.transports.webhook.receiver import WebhookReceiver, WebhookRequest
 

@@ -58,7 +58,7 @@ from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
 from outrelay.core.errors import UsageError
 from outrelay.core.templates import Template
-from outrelay.core.transport import (
+from outrelay.kit import (
     Capabilities,
     Message,
     Reader,

@@ -1,10 +1,10 @@
-"""Closing an asyncio stream whose peer may never answer: the one helper the socket guards share.
+"""Closing an asyncio stream whose peer may never answer, for transports' socket guards.
 
-Both :mod:`outrelay.transports.nats._sockets` and
-:mod:`outrelay.transports.servicebus._sockets` close connections their client
-library left open (failed handshakes, cut links). Such a connection may sit
-on a black hole, where a graceful close never completes, so
-:func:`close_writer` gives it a bound and then aborts the transport.
+A transport whose client library leaves connections open (failed handshakes,
+cut links) closes them itself; outrelay's NATS and Service Bus transports do.
+Such a connection may sit on a black hole, where a graceful close never
+completes, so :func:`close_writer` gives it a bound and then aborts the
+transport.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Recognising a refused TLS certificate behind a client library's own exception.
+"""TLS for transports: a client context, and a refused certificate recognised behind a client's error.
 
 Clients wrap the ``ssl`` error in their own connection error (aiormq's
 AMQPConnectionError, aiokafka's KafkaConnectionError, redis-py's
@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 import ssl
 
-__all__ = ["certificate_refused", "tls_hint"]
+from outrelay.core.errors import PermanentError
+
+__all__ = ["certificate_refused", "client_ssl_context", "tls_hint"]
 
 _REASON = re.compile(r"certificate verify failed:\s*([^()\]]*[^()\]\s])")
 
@@ -39,3 +41,32 @@ def tls_hint(reason: str, ca_option: str) -> str:
         f"TLS: the server's certificate was refused ({reason}); set {ca_option} to the CA that signed it, "
         "or connect by a host name the certificate names"
     )
+
+
+def client_ssl_context(
+    *,
+    ca_file: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+    key_password: str | None = None,
+    check_hostname: bool = True,
+    options: str = "ca_file, cert_file, key_file",
+) -> ssl.SSLContext:
+    """A client TLS context verifying the server (against ``ca_file``, else the
+    system's CAs), with a client certificate when ``cert_file`` is given.
+
+    :raises PermanentError: a file cannot be read, the key does not open with
+        ``key_password`` or does not belong to the certificate; the message
+        names ``options`` (the transport's own option names) as what to fix.
+    """
+    try:
+        ctx = ssl.create_default_context(cafile=ca_file)
+        ctx.check_hostname = check_hostname
+        if cert_file:
+            ctx.load_cert_chain(cert_file, key_file, password=key_password)
+    except OSError as exc:  # ssl.SSLError is one ("PEM lib": a wrong password, a key of another certificate)
+        raise PermanentError(
+            f"TLS files could not be loaded ({type(exc).__name__}: {exc}): check {options}, that the key "
+            "belongs to the certificate, and its password if the key is encrypted"
+        ) from exc
+    return ctx
