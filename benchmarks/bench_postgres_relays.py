@@ -19,7 +19,8 @@ share the cores), so this measures what can be shown there:
   (must be 0), together with exactly-once delivery and per-stream order.
 * **Crash takeover** (unless ``--skip-kill``): ``--relays`` relays with
   ``lease_seconds = --lease``; when half the events are delivered one relay
-  is SIGKILLed; its lanes (read from the outbox right after the kill) must be
+  (whose sends take 50 ms, so that it holds lanes most of the time) is
+  SIGKILLed; its lanes (read from the outbox right after the kill) must be
   resumed by another relay within ``--lease`` + 2 s. Printed: the measured
   gap (kill -> first send of the last of those lanes by a survivor), and that
   every event was sent at least once, first sends in per-stream order (each
@@ -74,7 +75,7 @@ class Recording(MemoryTransport):
         return list(results)
 
 
-def child(url: str, record: str, lease: float) -> None:
+def child(url: str, record: str, lease: float, latency: float) -> None:
     """One relay process: drain ``url`` into the memory transport; report its owner and backends' CPU."""
     cfg = parse_config(
         {
@@ -84,7 +85,7 @@ def child(url: str, record: str, lease: float) -> None:
         }
     )
     outbox = Outbox.open(url)
-    relay = Relay(outbox, cfg, transports={"mem": Recording(record, broker="child")})  # type: ignore[arg-type]
+    relay = Relay(outbox, cfg, transports={"mem": Recording(record, broker="child", latency=latency)})  # type: ignore[arg-type]
     print(json.dumps({"owner": relay.owner}), flush=True)
     sys.stdin.readline()
     cpu = time.process_time()
@@ -118,14 +119,17 @@ def drop(schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def start(url: str, n: int, tmp: Path, lease: float) -> list[tuple[subprocess.Popen[str], str, str]]:
-    """``n`` relay processes, each ready (imports done, outbox open); returns (process, owner, record file)."""
+def start(
+    url: str, n: int, tmp: Path, lease: float, slow_first: float = 0.0
+) -> list[tuple[subprocess.Popen[str], str, str]]:
+    """``n`` relay processes, each ready (imports done, outbox open); returns (process, owner, record file).
+    ``slow_first``: seconds each send of the first one takes (it then holds lanes most of the time)."""
     out = []
     for i in range(n):
         record = str(tmp / f"r{i}.jsonl")
         named = f"{url}&application_name=outrelay-bench-{tmp.name}-{i}"  # its backends, for their CPU
         p = subprocess.Popen(
-            [sys.executable, __file__, "--child", named, record, str(lease)],
+            [sys.executable, __file__, "--child", named, record, str(lease), str(slow_first if i == 0 else 0.0)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -207,7 +211,7 @@ def kill_one(args: argparse.Namespace) -> None:
     try:
         fill(url, args.count, args.streams, args.size)
         with tempfile.TemporaryDirectory() as tmp:
-            procs = start(url, args.relays, Path(tmp), args.lease)
+            procs = start(url, args.relays, Path(tmp), args.lease, slow_first=0.05)
             files = [r for _, _, r in procs]
             go(procs)
             deadline = time.monotonic() + 120
@@ -251,10 +255,10 @@ def main() -> None:
     ap.add_argument("--relays", type=int, default=3)
     ap.add_argument("--lease", type=float, default=5.0, help="lease_seconds of the kill run")
     ap.add_argument("--skip-kill", action="store_true")
-    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child[0], args.child[1], float(args.child[2]))
+        child(args.child[0], args.child[1], float(args.child[2]), float(args.child[3]))
         return
     one = drain(1, args)
     many = drain(args.relays, args)
