@@ -156,6 +156,26 @@ def records(files: list[str]) -> list[tuple[int, str, float, float, list[list[An
     return out
 
 
+class SentSoFar:
+    """How many events the relays' record files hold so far, read incrementally (cheap to poll)."""
+
+    def __init__(self, files: list[str]) -> None:
+        self.offsets = dict.fromkeys(files, 0)
+        self.count = 0
+
+    def __call__(self) -> int:
+        for path, offset in self.offsets.items():
+            if not os.path.exists(path):
+                continue
+            with open(path) as f:
+                f.seek(offset)
+                chunk = f.read()
+            done = chunk.rfind("\n") + 1  # complete lines only
+            self.count += sum(len(json.loads(line)[3]) for line in chunk[:done].splitlines())
+            self.offsets[path] = offset + len(chunk[:done].encode())
+        return self.count
+
+
 def check(batches: list[tuple[int, str, float, float, list[list[Any]]]], count: int) -> tuple[int, int, int]:
     """(events sent at least once, lanes out of order, overlapping sends of one lane by two relays)."""
     firsts: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -217,10 +237,11 @@ def kill_one(args: argparse.Namespace) -> None:
             deadline = time.monotonic() + 120
             victim, owner, _ = procs[0]
             lanes = f'"{schema}".outrelay_lanes'
+            sent = SentSoFar(files)
             with psycopg.connect(URL, autocommit=True) as conn:
                 # mid-drain: half the events sent, and the victim holding lanes at that moment
                 while time.monotonic() < deadline and (
-                    sum(len(b[4]) for b in records(files)) < args.count // 2
+                    sent() < args.count // 2
                     or not conn.execute(f"SELECT 1 FROM {lanes} WHERE owner = %s", (owner,)).fetchone()
                 ):
                     time.sleep(0.005)
