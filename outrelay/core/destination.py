@@ -4,7 +4,10 @@ Claims due lanes, sends batches through the transport with at most
 ``max_in_flight`` batches outstanding, and settles every message: delivered,
 retry at T (backoff with jitter, Retry-After honoured), dead-letter or park
 on exhaustion/rejection. A whole batch failing retryably pauses the
-destination (circuit breaking) instead of hammering a broker that is down.
+destination until its earliest retry instead of hammering a broker that is
+down; with ``[destinations.NAME.breaker]`` a :class:`~outrelay.core.breaker.Breaker`
+also stops its traffic after repeated failures and probes it (one event per
+interval) until it answers again.
 
 An outage is logged twice, not once per retry: the first failure after
 success (a batch with nothing delivered, or a failed open) is one WARNING
@@ -21,6 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from outrelay.core.breaker import Breaker
 from outrelay.core.config import DestinationConfig
 from outrelay.core.errors import PermanentError, RetryableError, StoreError, UsageError
 from outrelay.core.progress import Progress, sending
@@ -71,6 +75,8 @@ class DestinationWorker:
         self._outage_since = 0.0
         #: per-batch transforms plugins gave for this destination (payload encryption); usually none
         self.transforms = relay.hook.outrelay_send_transform(config=relay.config, destination=name)
+        #: the circuit breaker (``[destinations.NAME.breaker]``), or None
+        self.breaker = None if config.breaker is None else Breaker(config.breaker, name, self._breaker_changed)
 
     # -- outage log --------------------------------------------------------------
 
@@ -88,6 +94,9 @@ class DestinationWorker:
     def outage_seconds(self) -> float | None:
         """How long deliveries (or opening) have been failing without a success; None when healthy."""
         return None if self._outage is None else time.monotonic() - self._outage_since
+
+    def _breaker_changed(self, destination: str, state: str, reason: str) -> None:
+        self.relay.hook.outrelay_breaker_changed(destination=destination, state=state, reason=reason)
 
     def _recovered(self) -> None:
         if self._outage is not None:
@@ -137,11 +146,21 @@ class DestinationWorker:
         if room <= 0:  # stopping
             self.slots.release()
             return
+        # asked after the waits above: a batch that ended meanwhile may have opened the breaker
+        breaker = self.breaker
+        probe = breaker is not None and breaker.open
+        if probe:  # open: nothing but one event per probe interval
+            assert breaker is not None
+            wait = breaker.probe_wait(time.time())
+            if wait > 0:
+                self.slots.release()
+                await self._sleep(wait)
+                return
         claim_started = time.time()
         combined = relay.route_and_claim
         route = combined is not None and relay.take_routing()
         claim = {
-            "limit": self.batch_size, "per_lane": self.per_lane, "owner": relay.owner,
+            "limit": 1 if probe else self.batch_size, "per_lane": 1 if probe else self.per_lane, "owner": relay.owner,
             "lease_seconds": relay.config.relay.lease_seconds, "now": claim_started, "max_bytes": room,
         }  # fmt: skip
         try:
@@ -165,9 +184,16 @@ class DestinationWorker:
             self.slots.release()
             await self._wait_for_work()
             return
+        if not probe and breaker is not None and breaker.open:  # it opened during the claim: send none of it
+            self.slots.release()
+            await self._settle([Settlement(c.delivery_id, c.event.stream, "hold") for c in claimed], time.time())
+            return
         size = sum(len(c.event.data) for c in claimed)
         relay.budget.take(size)
-        task = asyncio.create_task(self._process(claimed, size, (claim_started, time.time())))
+        if probe:
+            assert breaker is not None
+            breaker.start_probe(time.time())
+        task = asyncio.create_task(self._process(claimed, size, (claim_started, time.time()), probe))
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
 
@@ -244,12 +270,17 @@ class DestinationWorker:
             return float("inf")
         if next_due is None:
             return float("inf")
-        return max(next_due, self.blocked_until)
+        probe_at = self.breaker.next_probe_at if self.breaker is not None and self.breaker.open else 0.0
+        return max(next_due, self.blocked_until, probe_at)
 
     # -- one batch ---------------------------------------------------------------
 
     async def _process(
-        self, claimed: Sequence[Claimed], size: int = 0, claim_times: tuple[float, float] = (0.0, 0.0)
+        self,
+        claimed: Sequence[Claimed],
+        size: int = 0,
+        claim_times: tuple[float, float] = (0.0, 0.0),
+        probe: bool = False,
     ) -> None:
         settled = False
         messages: list[Message] = []
@@ -267,7 +298,9 @@ class DestinationWorker:
                 self.sending.discard(progress)
             elapsed = time.monotonic() - started
             now = time.time()
-            settlements, disable = self._plan(claimed, results, now)
+            # the breaker counts the outcomes; a probe's failure settles as held (not an attempt)
+            planned = results if self.breaker is None else self.breaker.outcomes(results, probe=probe, now=now)
+            settlements, disable = self._plan(claimed, planned, now)
             if disable is not None:  # stop claiming before the settle below releases the lanes
                 self.disabled = disable
                 self._disable_version += 1
@@ -337,6 +370,8 @@ class DestinationWorker:
                 exc,
             )
         finally:
+            if probe and self.breaker is not None:
+                self.breaker.probe_ended()
             self.relay.budget.free(size)
             self.slots.release()
             self.wake.set()

@@ -95,6 +95,15 @@ def outrelay_batch_settled(
     """
 
 
+@hookspec
+def outrelay_breaker_changed(destination: str, state: str, reason: str) -> None:
+    """``destination``'s circuit breaker (:mod:`outrelay.core.breaker`) changed
+    ``state``: ``"open"`` (``reason``: the failures that opened it) or
+    ``"closed"`` (a probe was delivered). Called once per transition, in the
+    event loop; must not block (the metrics plugin counts transitions here).
+    """
+
+
 # -------------------------------------------------------------------------
 # event versioning
 # -------------------------------------------------------------------------
