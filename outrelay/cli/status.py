@@ -18,6 +18,7 @@ import orjson
 import typer
 
 from outrelay.cli._common import ConfigOption, console, err_console, error_line, load, mask, secrets_of
+from outrelay.core.breaker import read_states
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.errors import ConfigError
 from outrelay.core.outbox import Outbox
@@ -56,12 +57,17 @@ def _collect(cfg: OutrelayConfig, now: float) -> dict[str, Any]:
         store = outbox.store
         rows = store.status(list(cfg.destinations), now)
         unrouted = store.unrouted()
+        breakers = read_states(cfg.outbox.url, now)
         docs = []
         for r in rows:
             d = r.as_dict()
             d["transport"] = cfg.destinations[r.destination].transport
             d["last_error"] = mask(d["last_error"], secrets)
             d["disabled"] = mask(d["disabled"], secrets)
+            # open circuit breakers of the running relays (none: closed, or no relay runs)
+            d["breaker"] = [
+                {**b, "last_error": mask(b.get("last_error"), secrets)} for b in breakers.get(r.destination, [])
+            ]
             stuck = store.stuck_streams(r.destination, limit=STREAMS_JSON) if isinstance(store, LaneOperations) else []
             d["retrying"] = [{**s.as_dict(), "last_error": mask(s.last_error, secrets)} for s in stuck]
             parked = store.dead_letters(destination=r.destination, states=("parked",), limit=STREAMS_JSON)
@@ -75,6 +81,12 @@ def _state(d: dict[str, Any]) -> str:
     """The current state only: an error is shown while something still fails, not after recovery."""
     if d["disabled"]:
         return f"disabled: {d['disabled']}"
+    if d["breaker"]:
+        b = d["breaker"][0]
+        return (
+            f"circuit breaker open ({b['probes']} probe(s), one every {b['probe_interval']:g}s): "
+            f"{b['last_error'] or 'unknown error'}"
+        )
     if d["retrying"]:
         return f"retrying: {d['retrying'][0]['last_error'] or d['last_error'] or 'unknown error'}"
     if d["parked"]:

@@ -26,8 +26,11 @@ Each transition is one log line (WARNING when it opens, INFO when it closes)
 and one ``outrelay_breaker_changed`` hook call (the metrics plugin counts
 them); probes log at DEBUG. The state is this relay process's (several relays
 of one outbox each have their own) and is kept in memory only: a restarted
-relay starts closed. :meth:`Breaker.snapshot` is what ``/readyz`` and
-``outrelay status`` show.
+relay starts closed. :meth:`Breaker.snapshot` is what ``/readyz`` shows;
+the relay also writes it, while open, to table ``outrelay_breakers`` next to
+the outbox (:func:`save_state`, best effort, SQLite and PostgreSQL outboxes),
+from which ``outrelay status`` shows every relay's open breakers
+(:func:`read_states`).
 """
 
 from __future__ import annotations
@@ -37,10 +40,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import orjson
+
 from outrelay.core.config import BreakerConfig
+from outrelay.core.sidetables import side_table
 from outrelay.core.transport import Delivered, NotSent, RetryLater, SendResult
 
-__all__ = ["Breaker"]
+__all__ = ["Breaker", "read_states", "save_state"]
 
 log = logging.getLogger("outrelay.relay")
 
@@ -65,6 +71,8 @@ class Breaker:
         self.next_probe_at = 0.0
         #: the failure that opened it, then the latest failed probe's
         self.last_error: str | None = None
+        #: something :func:`save_state` should write (a transition, a probe's outcome)
+        self.dirty = False
         self._buckets: deque[list[int]] = deque()  # [second, attempts, failures], oldest first
         self._attempts = 0
         self._failed = 0
@@ -113,6 +121,7 @@ class Breaker:
         return results
 
     def _probed(self, results: Sequence[SendResult], now: float) -> Sequence[SendResult]:
+        self.dirty = True
         if any(isinstance(r, Delivered) for r in results):
             self._close(now)
             return results
@@ -160,6 +169,7 @@ class Breaker:
         else:
             why = f"{self._failed} of {self._attempts} attempts failed in {cfg.window:g}s"
         self.open, self.opened_at, self.probes, self.last_error = True, now, 0, error
+        self.dirty = True
         self.next_probe_at = now + cfg.probe_interval
         log.warning(
             "destination %s: circuit breaker open after %s (last: %s); one probe every %gs until one is delivered",
@@ -197,3 +207,52 @@ class Breaker:
 
     def __repr__(self) -> str:
         return f"<Breaker {self.destination!r} {'open' if self.open else 'closed'}>"
+
+
+# -- the state next to the outbox, for `outrelay status` ---------------------------------------
+
+_DDL = (
+    "CREATE TABLE IF NOT EXISTS {t} (destination TEXT NOT NULL, owner TEXT NOT NULL, state TEXT NOT NULL, "
+    "updated_at {real} NOT NULL, PRIMARY KEY (destination, owner))"
+)
+#: rows of relays that stopped probing this long ago are deleted (a relay killed while its breaker was open)
+_FORGET_AFTER = 7 * 86400.0
+
+
+def save_state(url: str, destination: str, owner: str, snapshot: dict[str, Any], now: float) -> None:
+    """Write ``owner``'s breaker state for ``destination`` (an open one) or delete it (closed).
+    Blocking; nothing happens for an outbox other than SQLite or PostgreSQL.
+
+    :raises StoreError: the database failed.
+    """
+    with side_table(url, "breakers", create=True) as t:
+        if t is None:
+            return
+        t.execute(_DDL.replace("{real}", t.real))
+        t.execute("DELETE FROM {t} WHERE (destination = ? AND owner = ?) OR updated_at < ?",
+                  (destination, owner, now - _FORGET_AFTER))  # fmt: skip
+        if snapshot.get("state") == "open":
+            t.execute(
+                "INSERT INTO {t} (destination, owner, state, updated_at) VALUES (?, ?, ?, ?)",
+                (destination, owner, orjson.dumps(snapshot).decode(), now),
+            )
+
+
+def read_states(url: str, now: float) -> dict[str, list[dict[str, Any]]]:
+    """The open breakers of the relays probing now, by destination: each a :meth:`Breaker.snapshot`
+    plus ``owner`` (the relay) and ``updated_at``. A row not refreshed for three probe intervals
+    (and 30 s) is left out: its relay stopped. Creates nothing.
+
+    :raises StoreError: the database failed.
+    """
+    out: dict[str, list[dict[str, Any]]] = {}
+    with side_table(url, "breakers", create=False) as t:
+        if t is None or not t.exists():
+            return out
+        rows = t.execute("SELECT destination, owner, state, updated_at FROM {t} ORDER BY destination, owner")
+        for destination, owner, state, updated_at in rows.fetchall():
+            doc = orjson.loads(state)
+            if now - float(updated_at) > 3 * float(doc.get("probe_interval") or 0) + 30:
+                continue
+            out.setdefault(destination, []).append({**doc, "owner": owner, "updated_at": float(updated_at)})
+    return out

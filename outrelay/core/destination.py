@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from outrelay.core.breaker import Breaker
+from outrelay.core.breaker import Breaker, save_state
 from outrelay.core.config import DestinationConfig
 from outrelay.core.errors import PermanentError, RetryableError, StoreError, UsageError
 from outrelay.core.progress import Progress, sending
@@ -97,6 +97,17 @@ class DestinationWorker:
 
     def _breaker_changed(self, destination: str, state: str, reason: str) -> None:
         self.relay.hook.outrelay_breaker_changed(destination=destination, state=state, reason=reason)
+
+    async def _save_breaker(self, breaker: Breaker) -> None:
+        """Write the breaker's state next to the outbox for ``outrelay status`` (best effort)."""
+        breaker.dirty = False
+        url = getattr(self.relay.store, "url", None)
+        if not isinstance(url, str):
+            return
+        try:
+            await self.relay.db(save_state, url, self.name, self.relay.owner, breaker.snapshot(), time.time())
+        except (StoreError, OSError) as exc:  # status then shows an older state; delivery goes on
+            log.debug("destination %s: could not record the circuit breaker's state (%s)", self.name, exc)
 
     def _recovered(self) -> None:
         if self._outage is not None:
@@ -332,6 +343,8 @@ class DestinationWorker:
                     "destination %s disabled: %s; re-enable with `outrelay enable %s`", self.name, disable, self.name
                 )
                 await self.relay.db(self.relay.store.set_disabled, self.name, disable, now)
+            if self.breaker is not None and self.breaker.dirty:
+                await self._save_breaker(self.breaker)
             self.counts["batches"] += 1
             self.relay.hook.outrelay_batch_settled(
                 destination=self.name,
