@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Sequence
@@ -73,8 +74,8 @@ class DestinationWorker:
         self.last_error: str | None = None
         self._outage: str | None = None  # the error of the outage in progress (logged once)
         self._outage_since = 0.0
-        #: per-batch transforms plugins gave for this destination (payload encryption); usually none
-        self.transforms = relay.hook.outrelay_send_transform(config=relay.config, destination=name)
+        #: per-batch transforms plugins gave for this destination (payload encryption, claim-check); usually none
+        self.transforms = relay.hook.outrelay_send_transform(config=relay.config, destination=name, transport=transport)
         #: the circuit breaker (``[destinations.NAME.breaker]``), or None
         self.breaker = None if config.breaker is None else Breaker(config.breaker, name, self._breaker_changed)
 
@@ -299,12 +300,13 @@ class DestinationWorker:
         try:
             transport = self.transport
             messages = [Message(c.event, transport.target(c.event), c.event.stream, c.attempts + 1) for c in claimed]
-            for transform in self.transforms:
-                messages = transform(messages)
+            failed: list[SendResult] | None = None
+            if self.transforms:
+                messages, failed = await self._transform(messages, progress)
             started, sent_at = time.monotonic(), time.time()
             self.sending.add(progress)
             try:
-                results, timed_out = await self._send(messages, progress)
+                results, timed_out = (failed, False) if failed is not None else await self._send(messages, progress)
             finally:
                 self.sending.discard(progress)
             elapsed = time.monotonic() - started
@@ -388,6 +390,31 @@ class DestinationWorker:
             self.relay.budget.free(size)
             self.slots.release()
             self.wake.set()
+
+    async def _transform(
+        self, messages: list[Message], progress: Progress
+    ) -> tuple[list[Message], list[SendResult] | None]:
+        """Apply the plugins' transforms. An ``async`` one may do I/O (the claim-check stores
+        payloads): they run within the attempt's deadline, and when one raises RetryableError
+        or PermanentError, or the deadline expires, every message of the batch takes that
+        failure (the second value), as when ``transport.send`` raises."""
+        failure: SendResult
+        try:
+            async with asyncio.timeout_at(progress.deadline):
+                for transform in self.transforms:
+                    out = transform(messages)
+                    messages = await out if inspect.isawaitable(out) else out
+            return messages, None
+        except TimeoutError:
+            failure = RetryLater(
+                f"preparing a batch for destination {self.name!r} took longer than attempt_timeout "
+                f"({self.config.attempt_timeout:g}s); it is retried"
+            )
+        except RetryableError as exc:
+            failure = RetryLater(str(exc), exc.retry_after)
+        except PermanentError as exc:
+            failure = Rejected(str(exc))
+        return messages, [failure] * len(messages)
 
     async def _settle_confirmed(self, claimed: Sequence[Claimed], messages: list[Message], progress: Progress) -> None:
         """Settle as delivered what ``progress`` says the broker confirmed, once, without retrying

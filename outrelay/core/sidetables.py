@@ -23,7 +23,7 @@ from typing import Any
 
 from outrelay.core.errors import StoreError
 
-__all__ = ["SideTable", "side_table"]
+__all__ = ["SideTable", "side_table", "supports"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +52,11 @@ class SideTable:
         return bool(self.conn.execute("SELECT to_regclass(%s) IS NOT NULL", (self.name,)).fetchone()[0])
 
 
+def supports(url: str) -> bool:
+    """Whether an outbox at ``url`` can have side tables (SQLite or PostgreSQL)."""
+    return url.startswith(("sqlite:///", "postgresql:", "postgres:", "postgresql+"))
+
+
 @contextlib.contextmanager
 def side_table(url: str, name: str, *, create: bool) -> Iterator[SideTable | None]:
     """A connection to the outbox database at ``url`` and its table ``outrelay_<name>``
@@ -77,7 +82,7 @@ def side_table(url: str, name: str, *, create: bool) -> Iterator[SideTable | Non
         finally:
             db.close()
         return
-    if not url.startswith(("postgresql:", "postgres:", "postgresql+")):
+    if not supports(url):
         yield None
         return
     from outrelay.core.stores.postgres_pool import connect, parse_url, redact
