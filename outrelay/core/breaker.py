@@ -134,6 +134,7 @@ class Breaker:
                 self.probes,
                 errors[0],
                 max(0.0, self.next_probe_at - now),
+                extra={"destination": self.destination},
             )
         return [NotSent(r.error, r.retry_after) if isinstance(r, RetryLater) else r for r in results]
 
@@ -177,6 +178,7 @@ class Breaker:
             why,
             error,
             cfg.probe_interval,
+            extra={"destination": self.destination, "error": error},
         )
         if self._notify is not None:
             self._notify(self.destination, "open", why)
@@ -188,7 +190,9 @@ class Breaker:
         self._buckets.clear()
         self._attempts = self._failed = 0
         why = f"probe {self.probes} delivered after {now - opened:.1f}s open"
-        log.info("destination %s: circuit breaker closed: %s", self.destination, why)
+        log.info(
+            "destination %s: circuit breaker closed: %s", self.destination, why, extra={"destination": self.destination}
+        )
         if self._notify is not None:
             self._notify(self.destination, "closed", why)
 
