@@ -20,7 +20,9 @@ outcomes (:meth:`Breaker.outcomes`).
   count depends on the breaker. A rejected probe settles as any rejection
   would (dead letter or park); the breaker stays open. Batches that were in
   flight when it opened settle as usual (they were real attempts), and their
-  outcomes do not change its state.
+  outcomes do not change its state. ``outrelay run --drain`` does not wait
+  for a destination whose breaker is open (as for a disabled one): its events
+  stay pending and the run's summary counts them.
 
 Each transition is one log line (WARNING when it opens, INFO when it closes)
 and one ``outrelay_breaker_changed`` hook call (the metrics plugin counts

@@ -280,10 +280,9 @@ class DestinationWorker:
             return now
         if self.disabled is not None or not self.config.enabled:
             return float("inf")
-        if next_due is None:
+        if next_due is None or (self.breaker is not None and self.breaker.open):  # open: down, not busy
             return float("inf")
-        probe_at = self.breaker.next_probe_at if self.breaker is not None and self.breaker.open else 0.0
-        return max(next_due, self.blocked_until, probe_at)
+        return max(next_due, self.blocked_until)
 
     # -- one batch ---------------------------------------------------------------
 

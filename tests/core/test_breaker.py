@@ -15,6 +15,7 @@ from outrelay import Event, Outbox, Relay, hookimpl, parse_config
 from outrelay.core.breaker import Breaker
 from outrelay.core.config import BreakerConfig
 from outrelay.core.transport import Delivered, NotSent, Rejected, RetryLater
+from outrelay.transports.memory import MemoryTransport
 from outrelay.transports.webhook.receiver import WebhookReceiver
 from tests.transports.webhook_support import SECRET
 
@@ -168,3 +169,28 @@ async def test_a_down_destination_is_probed_once_per_interval_and_resumes_in_ord
     for e in receiver.events():
         got.setdefault(e.stream, []).append(e.json()["i"])
     assert got == {s: sorted(v) for s, v in got.items()} and sum(map(len, got.values())) == len(sent)
+
+
+async def test_drain_does_not_wait_for_a_destination_whose_breaker_is_open(tmp_path: Path) -> None:
+    """`run(drain=True)` ends once the breaker is open, as for a disabled destination: events stay pending."""
+    cfg = parse_config(
+        {
+            "outbox": {"url": f"sqlite:///{tmp_path / 'outbox.db'}"},
+            "relay": {"poll_interval": 0.05, "drain_retry_bound": 5},
+            "destinations": {
+                "m": {
+                    "transport": "memory",
+                    "broker": "down",
+                    "retry": {"initial_delay": 0.01, "max_delay": 0.02, "max_attempts": 1000},
+                    "breaker": {"failures": 3, "probe_interval": 0.2},
+                }
+            },
+        }
+    )
+    MemoryTransport.broker("down").fail_next = 1_000_000  # every send fails retryably (opening works)
+    with Outbox.open(cfg.outbox.url) as outbox:
+        outbox.append([Event(type="t", stream="s", data={"i": i}) for i in range(5)])
+    started = time.monotonic()
+    summary = await asyncio.wait_for(Relay(config=cfg).run(drain=True), 10)
+    assert summary.remaining == 5 and summary.dead_lettered == 0
+    assert time.monotonic() - started < 3
