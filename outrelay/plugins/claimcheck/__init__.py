@@ -46,6 +46,7 @@ from outrelay.core.config import ClaimCheckConfig, OutrelayConfig
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError, EventError, RetryableError
 from outrelay.core.hookspecs import hookimpl
+from outrelay.core.segments import RejectedTarget
 from outrelay.core.transport import Message, Transport
 from outrelay.plugins.claimcheck._reference import (
     DATAREF,
@@ -115,7 +116,11 @@ def checker(store: PayloadStore, threshold: int) -> Callable[[list[Message]], Aw
         return refs
 
     async def transform(messages: list[Message]) -> list[Message]:
-        big = [i for i, m in enumerate(messages) if len(m.event.data) > threshold and not is_reference(m.event)]
+        big = [  # a message already refused (its target could not be rendered) is not worth storing
+            i
+            for i, m in enumerate(messages)
+            if len(m.event.data) > threshold and not is_reference(m.event) and not isinstance(m.target, RejectedTarget)
+        ]
         if not big:
             return messages
         refs = await asyncio.to_thread(stash, [messages[i].event for i in big])
