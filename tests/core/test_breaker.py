@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from outrelay import Event, Outbox, Relay, hookimpl, parse_config
-from outrelay.core.breaker import Breaker
+from outrelay.core.breaker import Breaker, read_states, save_state
 from outrelay.core.config import BreakerConfig
 from outrelay.core.transport import Delivered, NotSent, Rejected, RetryLater
 from outrelay.transports.memory import MemoryTransport
 from outrelay.transports.webhook.receiver import WebhookReceiver
+from tests.stores.conftest import pg_schema, pg_url  # noqa: F401 - fixture
 from tests.transports.webhook_support import SECRET
 
 FAIL = RetryLater("503 Service Unavailable")
@@ -194,3 +195,20 @@ async def test_drain_does_not_wait_for_a_destination_whose_breaker_is_open(tmp_p
     summary = await asyncio.wait_for(Relay(config=cfg).run(drain=True), 10)
     assert summary.remaining == 5 and summary.dead_lettered == 0
     assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_state_next_to_the_outbox_round_trips_and_is_cleared(kind: str, tmp_path: Path, request: Any) -> None:
+    """An open breaker's state written by a relay is read back for `outrelay status`; a closed one, a stale row
+    (its relay stopped probing) and an outbox without the table read as none."""
+    url = f"sqlite:///{tmp_path / 'o.db'}" if kind == "sqlite" else pg_url(request.getfixturevalue("pg_schema"))
+    Outbox.open(url).close()
+    assert read_states(url, time.time()) == {}
+    b, _ = breaker(failures=1, probe_interval=5)
+    b.outcomes([FAIL], probe=False, now=time.time())
+    save_state(url, "hooks", "relay-1", b.snapshot(), time.time())
+    save_state(url, "hooks", "relay-2", b.snapshot(), time.time() - 60)  # not refreshed for 3 intervals + 30 s
+    [row] = read_states(url, time.time())["hooks"]
+    assert row["owner"] == "relay-1" and row["state"] == "open" and row["last_error"] == FAIL.error
+    save_state(url, "hooks", "relay-1", {"state": "closed"}, time.time())
+    assert read_states(url, time.time()) == {}
