@@ -17,6 +17,7 @@ from outrelay.core.config import OutrelayConfig, default_config_path, load_confi
 from outrelay.core.errors import ConfigError
 
 __all__ = [
+    "CLIENT_LOGGERS",
     "ConfigOption",
     "config_context",
     "console",
@@ -24,6 +25,7 @@ __all__ = [
     "error_line",
     "load",
     "mask",
+    "quiet_stdout",
     "require_destinations",
     "secrets_of",
     "setup_logging",
@@ -105,9 +107,38 @@ def mask(text: str | None, secrets: Iterable[str] = ()) -> str | None:
 JSON_LOGS = False
 
 
+#: client libraries that log every reconnect attempt (aiokafka and aiormq at ERROR) what the relay
+#: reports itself, once per outage: their records are shown only with --log-level debug, as DEBUG
+CLIENT_LOGGERS = frozenset(
+    (
+        "aiokafka", "kafka", "aiormq", "aio_pika", "pamqp", "nats", "redis", "pulsar", "azure", "uamqp",
+        "proton", "google", "grpc", "botocore", "boto3", "s3transfer", "urllib3", "httpx", "httpcore",
+        "psycopg", "psycopg_pool", "paho", "aiohttp",
+    )
+)  # fmt: skip
+
+
+class _FoldClientLogs(logging.Filter):
+    """Drops client libraries' records (see :data:`CLIENT_LOGGERS`), or with ``show`` re-levels them DEBUG."""
+
+    def __init__(self, show: bool) -> None:
+        super().__init__()
+        self.show = show
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.partition(".")[0] not in CLIENT_LOGGERS:
+            return True
+        if not self.show:
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
 def setup_logging(level: str, fmt: str) -> None:
     """Text or JSON-lines logs on stderr. Client libraries' warnings (and Python warnings)
-    go through the same formatter, so in JSON mode every line on stderr is JSON."""
+    go through the same formatter, so in JSON mode every line on stderr is JSON. What client
+    libraries log (see :data:`CLIENT_LOGGERS`) is folded into the relay's own one warning per
+    outage: shown only with ``--log-level debug``, at DEBUG."""
     global JSON_LOGS
     handler = logging.StreamHandler(sys.stderr)
     formatter: logging.Formatter
@@ -129,6 +160,7 @@ def setup_logging(level: str, fmt: str) -> None:
     other = logging.StreamHandler(sys.stderr)
     other.setFormatter(formatter)
     other.setLevel(logging.WARNING)
+    other.addFilter(_FoldClientLogs(show=level.lower() == "debug"))
     logging.getLogger().handlers[:] = [other]
     logging.captureWarnings(True)
 
@@ -140,3 +172,15 @@ def error_line(message: str) -> str:
 
         return error_json(message)
     return f"outrelay: error: {message}"
+
+
+def quiet_stdout() -> None:
+    """After a broken pipe on stdout (``outrelay ... | head``): point stdout at /dev/null, so the
+    interpreter's final flush does not report the pipe the reader closed on purpose."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)

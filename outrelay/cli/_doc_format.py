@@ -110,7 +110,8 @@ def doc(obj: Any) -> str:
 
 
 def rst_to_md(text: str) -> str:
-    """Docstrings are reST: ``x`` → `x`, ``Example::`` blocks → fenced TOML, roles → code."""
+    """Docstrings are reST: ``x`` → `x`, ``Example::`` blocks → fenced TOML (marked as a config that
+    tests/test_docs_examples.py validates), roles → code."""
     out: list[str] = []
     fence = False
 
@@ -127,7 +128,7 @@ def rst_to_md(text: str) -> str:
             intro = line.rstrip()[:-2].rstrip()
             if intro:
                 out += [intro if intro.endswith(":") else intro + ":", ""]
-            out.append("```toml")
+            out += ["<!-- docs-test: config -->", "```toml"]  # tests/test_docs_examples.py checks it
             fence = True
             continue
         if fence:

@@ -13,7 +13,19 @@ from datetime import UTC, datetime
 
 import orjson
 
-_FIELDS = ("event_id", "stream", "tenant", "event_type", "producer", "destination")
+#: structured fields a log call passes in `extra=`, written as top-level members of its JSON line
+_FIELDS = (
+    "destination",
+    "event_id",
+    "stream",
+    "tenant",
+    "event_type",
+    "producer",
+    "error",
+    "reason",
+    "attempts",
+    "signal",
+)
 
 
 class JsonFormatter(logging.Formatter):

@@ -10,6 +10,7 @@ The HMAC key (``[audit] hmac_key``) is read to check MACs, never printed.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import uuid
@@ -20,12 +21,12 @@ from pathlib import Path
 import orjson
 import typer
 
-from outrelay.cli._common import ConfigOption, console, err_console, error_line, load
+from outrelay.cli._common import ConfigOption, console, err_console, error_line, load, quiet_stdout
+from outrelay.cli._validate import open_existing
 from outrelay.core import audit
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError, EventError
-from outrelay.core.outbox import Outbox
 
 __all__ = ["app"]
 
@@ -43,7 +44,7 @@ _IDS = uuid.UUID("6f1d3c52-8a0e-4f8e-9a43-2b9f6f0a7d11")  # namespace of exporte
 
 @contextmanager
 def _chain(cfg: OutrelayConfig) -> Iterator[audit.AuditStore]:
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
         store = outbox.store
         if not isinstance(store, audit.AuditStore):
             raise ConfigError(f"the outbox store {type(store).__name__} keeps no audit chain")
@@ -123,20 +124,26 @@ def export(
         try:
             for line in audit.export_lines(store, after=after):
                 out.write(line + b"\n")
+        except BrokenPipeError:  # `audit export | head`: the reader has what it wanted
+            if output is not None:
+                raise ConfigError(f"cannot write {output}: broken pipe") from None
+            quiet_stdout()
+            return
         except OSError as exc:
             raise ConfigError(f"cannot write {output or 'stdout'}: {exc.strerror}") from None
         finally:
             if output is not None:
                 out.close()
             else:
-                out.flush()
+                with contextlib.suppress(BrokenPipeError):
+                    out.flush()
 
 
 def _as_events(cfg: OutrelayConfig, after: int) -> None:
     """Append each record as an event whose id derives from the record's hash, so exporting
     again skips what an earlier export appended."""
     added = skipped = 0
-    with Outbox.open(cfg.outbox.url, max_event_bytes=cfg.outbox.max_event_bytes) as outbox:
+    with open_existing(cfg) as outbox:
         store = outbox.store
         if not isinstance(store, audit.AuditStore):
             raise ConfigError(f"the outbox store {type(store).__name__} keeps no audit chain")
@@ -177,5 +184,5 @@ def record(cfg: OutrelayConfig, kind: str, details: Mapping[str, object], store:
     if store is not None:
         audit.record_action(store, cfg, kind, dict(details), time.time())
         return
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
         audit.record_action(outbox.store, cfg, kind, dict(details), time.time())

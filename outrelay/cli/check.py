@@ -9,11 +9,11 @@ from pathlib import Path
 
 import typer
 
-from outrelay.cli._common import ConfigOption, config_context, console, load, mask, require_destinations, secrets_of
+from outrelay.cli._common import ConfigOption, config_context, console, load, mask, secrets_of
+from outrelay.cli._validate import outbox_problem, validate
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.errors import OutrelayError, RetryableError, StoreError
 from outrelay.core.outbox import Outbox
-from outrelay.core.registry import Registry
 from outrelay.core.transport import Transport
 
 __all__ = ["check", "register"]
@@ -32,29 +32,27 @@ def check(
 ) -> None:
     """Validate the config, open the outbox, and probe every destination (one line each).
 
-    Fails (exit 1) when anything fails; `run` would refuse the same config. Says whether opening the
-    outbox created it. With --offline nothing is opened or created."""
+    The whole config is validated first, as `run` does (exit 2 on any problem, nothing created); then
+    the outbox is opened (the line says whether that created it) and every destination probed: exit 1
+    when anything fails. With --offline nothing is opened or created."""
     cfg = load(config)
-    require_destinations(cfg)
+    with config_context(config):
+        transports = validate(cfg)
     secrets = secrets_of(cfg)
-    registry = Registry()
-    failed = 0
     if offline:
         console.print(f"skip  outbox       {mask(cfg.outbox.url, secrets)} (--offline: not opened)", markup=False)
-    else:
-        try:
-            console.print(f"ok    outbox       {_open_outbox(cfg, secrets)}", markup=False)
-        except OutrelayError as exc:
-            failed += 1
-            console.print(f"FAIL  outbox       {mask(str(exc), secrets)}", markup=False)
+        for name, dest in cfg.destinations.items():
+            console.print(f"ok    {name:<12} {dest.transport}: options valid (--offline: not probed)", markup=False)
+        return
+    failed = 0
+    try:
+        console.print(f"ok    outbox       {_open_outbox(cfg, secrets)}", markup=False)
+    except OutrelayError as exc:
+        failed += 1
+        console.print(f"FAIL  outbox       {mask(str(exc), secrets)}", markup=False)
     for name, dest in cfg.destinations.items():
         try:
-            with config_context(config):
-                transport = registry.create_transport(dest.transport, dest.options, destination=name)
-            if offline:
-                console.print(f"ok    {name:<12} {dest.transport}: options valid (--offline: not probed)", markup=False)
-                continue
-            result = asyncio.run(_probe(transport, timeout))
+            result = asyncio.run(_probe(transports[name], timeout))
             console.print(f"ok    {name:<12} {dest.transport}: {mask(result, secrets)}", markup=False)
         except OutrelayError as exc:
             failed += 1
@@ -66,6 +64,9 @@ def check(
 def _open_outbox(cfg: OutrelayConfig, secrets: list[str]) -> str:
     """Open (and so create or migrate) the outbox; the line says whether a SQLite file was created."""
     url = cfg.outbox.url
+    problem = outbox_problem(url, create=True)
+    if problem:
+        raise StoreError(problem)
     created = False
     if url.startswith("sqlite:"):
         from outrelay.core.stores.sqlite import path_from_url

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import signal
 import time
@@ -20,15 +21,16 @@ from outrelay.cli._common import (
     err_console,
     error_line,
     load,
-    require_destinations,
     setup_logging,
 )
-from outrelay.cli._summary import startup_line, summary_doc
+from outrelay.cli._summary import startup_line, summary_doc, summary_line
+from outrelay.cli._validate import outbox_problem, permanent, validate
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError, StoreError, StoreLockedError
 from outrelay.core.outbox import Outbox
 from outrelay.core.registry import Registry
 from outrelay.core.relay import Relay
+from outrelay.core.transport import Capabilities, Transport
 from outrelay.plugins.health import DEFAULT_STALL_AFTER
 
 __all__ = ["register"]
@@ -70,7 +72,11 @@ def run(
     """Run the relay in the foreground until SIGINT/SIGTERM (or, with --drain, until idle)."""
     setup_logging(log_level, log_format)
     cfg = load(config)
-    require_destinations(cfg)
+    with config_context(config):
+        validate(cfg)  # the whole config, before anything is created or connected
+    problem = outbox_problem(cfg.outbox.url, create=True)
+    if problem:
+        raise StoreError(problem)
     json_mode = log_format == "json"
 
     async def main() -> Any:
@@ -78,13 +84,20 @@ def run(
         stopped = asyncio.Event()
         started: list[Relay] = []
 
-        def stop() -> None:
+        def stop(sig: signal.Signals) -> None:
+            if not stopped.is_set():
+                log.info(
+                    "%s received: stopping (in-flight batches get up to relay.shutdown_grace = %gs)",
+                    sig.name,
+                    cfg.relay.shutdown_grace,
+                    extra={"signal": sig.name},
+                )
             stopped.set()
             for r in started:
                 r.stop()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop)
+            loop.add_signal_handler(sig, stop, sig)
         relay = await _open_relay(cfg, config, drain, stopped)
         if relay is None:
             return None
@@ -106,10 +119,12 @@ def run(
         metrics_url = f"http://{metrics_host}:{metrics_port}" if metrics_port else None
         log.info("%s", startup_line(cfg, relay.transports, metrics_url))
         try:
-            return await relay.run(drain=drain)
+            summary = await relay.run(drain=drain)
         finally:
             if server is not None:
                 server.close()
+        log.info("outrelay stopped: %s", summary_line(summary_doc(summary)))
+        return summary
 
     summary = asyncio.run(main())
     if summary is None:
@@ -119,10 +134,7 @@ def run(
             console.print("stopped before the outbox became available", markup=False)
         return
     doc = summary_doc(summary)
-    line = (
-        f"delivered {doc['delivered']} in {doc['elapsed']:.1f}s; {doc['pending']} pending; "
-        f"{doc['dead_lettered']} dead-lettered; {doc['parked']} parked"
-    )
+    line = summary_line(doc)
     incomplete = drain and bool(doc["pending"] or doc["dead_lettered"] or doc["parked"])
     if json_mode:
         doc["complete"] = not incomplete
@@ -142,7 +154,8 @@ async def _open_relay(cfg: Any, config: Path | None, drain: bool, stopped: async
     """Build the relay, waiting (with a log line per attempt, backoff to 30 s) while the outbox
     cannot be opened — a database still starting or down, as the running relay does. With
     ``--drain`` the wait is bounded by ``relay.drain_retry_bound``. Returns None when stopped
-    while waiting. Another relay holding a SQLite outbox is an error at once."""
+    while waiting. Another relay holding a SQLite outbox, and an error that waiting does not
+    cure (:func:`~outrelay.cli._validate.permanent`), are errors at once."""
     delay = 0.5
     deadline = time.monotonic() + cfg.relay.drain_retry_bound if drain else float("inf")
     while True:
@@ -152,7 +165,7 @@ async def _open_relay(cfg: Any, config: Path | None, drain: bool, stopped: async
         except StoreLockedError:
             raise
         except StoreError as exc:
-            if time.monotonic() + delay > deadline:
+            if time.monotonic() + delay > deadline or permanent(exc, cfg.outbox.url):
                 raise
             log.warning("outbox unavailable (%s); retrying in %.1fs", exc, delay)
         with contextlib.suppress(TimeoutError):
@@ -194,7 +207,13 @@ def emit(
         raise ConfigError(f"--data is not valid JSON: {exc}") from None
     labels, meta = _parse_kv(label, "--label"), _parse_kv(metadata, "--metadata")
     src = source or cfg.source or "outrelay"
-    with Outbox.open(cfg.outbox.url, max_event_bytes=cfg.outbox.max_event_bytes) as outbox:
+    encode = None
+    if cfg.crypto is not None and cfg.crypto.at_rest:  # sealed at append, as the application's appends are
+        from outrelay.plugins.crypto import PayloadCrypto
+
+        with config_context(config):
+            encode = PayloadCrypto.from_config(cfg).outbox_encoder
+    with Outbox.open(cfg.outbox.url, max_event_bytes=cfg.outbox.max_event_bytes, encode=encode) as outbox:
         ids: list[str] = []
         for start in range(0, count, 1000):
             batch = []
@@ -218,12 +237,11 @@ def transports(as_json: bool = typer.Option(False, "--json", help="Machine-reada
             doc["status"] = f'missing {", ".join(missing)}: pip install "outrelay[{spec.extra or name}]"'
         else:
             doc["status"] = "installed"
-            try:
-                cls = spec.load()
-                caps = cls(cls.Config(), destination=name).capabilities  # defaults, if the model has them
-                doc["capabilities"] = {k: getattr(caps, k) for k in caps.__dataclass_fields__}
-            except Exception:
+            caps = _default_capabilities(spec.load(), name)
+            if caps is None:
                 doc["capabilities"] = "depends on config"
+            else:
+                doc["capabilities"] = {k: getattr(caps, k) for k in caps.__dataclass_fields__}
         docs.append(doc)
     if as_json:
         console.print_json(orjson.dumps(docs).decode())
@@ -231,7 +249,7 @@ def transports(as_json: bool = typer.Option(False, "--json", help="Machine-reada
     for d in docs:
         info = d.get("capabilities")
         if isinstance(info, dict):
-            flags = [k for k in ("ordering_by_key", "ordered_batches", "native_dedupe", "reader") if info.get(k)]
+            flags = [k for k in _FLAGS if info.get(k)]
             extra = (
                 f"  [{', '.join(flags)}; batch<={info['max_batch_count']}; modes={','.join(info['cloudevents_modes'])}]"
             )
@@ -240,3 +258,32 @@ def transports(as_json: bool = typer.Option(False, "--json", help="Machine-reada
         else:
             extra = ""
         console.print(f"{d['name']:<11} {d['origin']:<28} {d['status']}{extra}", markup=False)
+
+
+_FLAGS = ("ordering_by_key", "ordered_batches", "native_dedupe", "reader", "subscriptions")
+#: stand-ins for options a transport requires, to show the capabilities of an otherwise default config
+_SAMPLES = {
+    "url": "https://example.com/hook",
+    "topic": "outrelay",
+    "queue": "outrelay",
+    "project": "example-project",
+    "topic_arn": "arn:aws:sns:us-east-1:123456789012:outrelay",
+    "queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/outrelay",
+    "connection_string": "Endpoint=sb://example.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v",
+}
+
+
+def _default_capabilities(cls: type[Transport], name: str) -> Capabilities | None:
+    """The capabilities of ``cls`` with its defaults (required options filled in with stand-ins),
+    or None when they cannot be known without a real config."""
+    fields = cls.Config.model_fields
+    required = {k: _SAMPLES.get(k, "outrelay") for k, f in fields.items() if f.is_required()}
+    optional = [k for k in _SAMPLES if k in fields and k not in required]
+    # e.g. Service Bus needs one of queue or topic, and one of connection_string or a namespace
+    for keys in itertools.chain.from_iterable(itertools.combinations(optional, n) for n in range(3)):
+        options = {**required, **{k: _SAMPLES[k] for k in keys}}
+        try:
+            return cls(cls.Config.model_validate(options), destination=name).capabilities
+        except Exception:  # not a config this transport accepts: try the next
+            continue
+    return None

@@ -12,6 +12,8 @@ import asyncio
 import base64
 import os
 import secrets
+import shlex
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -160,7 +162,10 @@ def _verify(
         first[s] = uniq
     unique = sum(len(v) for v in first.values())
     in_order = all(v == sorted(v) for v in first.values())
-    audit_lines = sum(1 for _ in audit.open("rb")) if audit.exists() else 0
+    audit_lines = 0
+    if audit.exists():
+        with audit.open("rb") as f:
+            audit_lines = sum(1 for _ in f)
     rate = n_events / elapsed if elapsed > 0 else float("inf")
     console.print(
         f"  delivered {unique}/{n_events} unique events to the webhook in {elapsed:.2f}s ({rate:,.0f} events/s)"
@@ -171,11 +176,25 @@ def _verify(
     ok = not bad_sig and unique == n_events and in_order and summary.remaining == 0 and audit_lines >= n_events
     if ok:
         console.print("[green]✓ every event arrived, signed and in order.[/]")
+        prog = _prog()
+        console.print(f"  next: {prog} status -c {shlex.quote(str(cfg_path))}", markup=False)
+        console.print(f"        the events as CloudEvents (the file destination): {audit}", markup=False)
         console.print(
-            f"  next: outrelay status -c {cfg_path}   ·   "
-            f"outrelay emit -c {cfg_path} --type workflow.created --stream wf-x"
+            f"        the receiver has stopped (events emitted now would wait for it): "
+            f"{prog} demo --dir {shlex.quote(str(base))} runs it all again",
+            markup=False,
         )
     else:
         err_console.print("outrelay: demo verification failed (see the lines above)", markup=False)
-    _ = base
     return ok
+
+
+def _prog() -> str:
+    """How this process was started, to repeat it in hints: a venv's ``outrelay`` by its path (the
+    venv may not be activated), ``python -m outrelay`` with this interpreter."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if Path(argv0).name == "outrelay":
+        return shlex.quote(argv0)
+    if argv0.endswith("__main__.py"):
+        return f"{shlex.quote(sys.executable)} -m outrelay"
+    return "outrelay"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,11 +14,11 @@ import typer
 
 from outrelay.cli import audit
 from outrelay.cli._common import ConfigOption, console, load, mask, secrets_of
+from outrelay.cli._validate import open_existing
 from outrelay.core import cloudevents
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.consumer_dlq import ConsumerDeadLetters
-from outrelay.core.errors import ConfigError
-from outrelay.core.outbox import Outbox
+from outrelay.core.errors import ConfigError, NotFoundError
 from outrelay.plugins.crypto import reveal
 
 __all__ = ["app"]
@@ -39,8 +40,15 @@ ConsumerOption = typer.Option(
 
 @contextmanager
 def _consumers(cfg: OutrelayConfig) -> Iterator[ConsumerDeadLetters]:
-    """The consumer dead letters of ``cfg`` (``[bus] dead_letters``, else the outbox database), closed after."""
-    dlq = ConsumerDeadLetters(cfg.bus.dead_letters or cfg.outbox.url)
+    """The consumer dead letters of ``cfg`` (``[bus] dead_letters``, else the outbox database), closed after.
+
+    :raises ConfigError: that database is a SQLite file that does not exist (a mistyped path is
+        reported, never created)."""
+    url = cfg.bus.dead_letters or cfg.outbox.url
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
+        key = "bus.dead_letters" if cfg.bus.dead_letters else "outbox.url, where they are kept by default"
+        raise ConfigError(f"no consumer dead-letter database at {url[len('sqlite:///') :]!r} ({key})")
+    dlq = ConsumerDeadLetters(url)
     try:
         yield dlq
     finally:
@@ -71,7 +79,7 @@ def list_(
     if consumer is not None:
         _list_consumer(cfg, consumer, states, limit, as_json)
         return
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
         rows = outbox.store.dead_letters(destination=destination, states=states, limit=limit)
     docs = [{**r.summary(), "reason": mask(r.reason, secrets)} for r in rows]
     if as_json:
@@ -113,14 +121,24 @@ def _list_consumer(cfg: OutrelayConfig, consumer: str, states: tuple[str, ...], 
 @app.command("show")
 def show(
     dl_id: int = typer.Argument(..., metavar="ID", help="Dead-letter id, as `outrelay dlq list` shows it."),
-    consumer: bool = typer.Option(False, "--consumer", help="ID is a consumer-side dead letter."),
+    consumer: str | None = typer.Option(
+        None,
+        "--consumer",
+        help="ID is a consumer-side dead letter of this consumer group/subscription ('all': of any consumer).",
+        show_default=False,
+    ),
     config: Path | None = ConfigOption,
 ) -> None:
     """Show one dead letter with its whole event (CloudEvents JSON)."""
     cfg = load(config)
-    if consumer:
+    if consumer is not None:
         with _consumers(cfg) as dlq:
             cdl = dlq.get(dl_id)
+        if consumer != "all" and cdl.consumer != consumer:
+            raise NotFoundError(
+                f"consumer dead letter {dl_id} belongs to consumer {cdl.consumer!r}, not {consumer!r} "
+                "(`--consumer all` shows it)"
+            )
         body: object = orjson.loads(cdl.body) if cdl.type else cdl.body.decode("utf-8", "replace")
         doc = {**cdl.summary(), "reason": mask(cdl.reason, secrets_of(cfg)), "event": body}
         if cdl.type and isinstance(body, dict) and body.get("keyid"):  # sealed: decrypt if the keys are here
@@ -128,7 +146,7 @@ def show(
             doc["event"] = orjson.loads(cloudevents.to_structured(event))
         console.print_json(orjson.dumps(doc).decode())
         return
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
         dl = outbox.store.dead_letter(dl_id)
     event, note = reveal(cfg, dl.event)  # sealed at rest: decrypted if the keys are here
     doc = {
@@ -168,7 +186,7 @@ def replay(
         audit.record(cfg, "dlq.replay", {"consumer": consumer, "ids": selected, "count": n})
         console.print(f"queued {n} consumer dead letter(s); a running member handles them again", markup=False)
         return
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
         n = outbox.store.replay_dead(selected, destination=destination, now=time.time())
         audit.record(cfg, "dlq.replay", {"destination": destination, "ids": selected, "count": n}, outbox.store)
     console.print(f"queued {n} dead letter(s) for delivery; a running relay picks them up", markup=False)
@@ -187,6 +205,8 @@ def purge(
     cfg = load(config)
     selected = _select(ids or [], all_)
     of = destination or consumer
+    if not yes and not sys.stdin.isatty():  # a confirmation nobody can answer would just abort
+        raise ConfigError("purge asks for confirmation and stdin is not a terminal: add --yes (-y) to purge")
     if not yes:
         what = "ALL dead letters" if selected is None else f"{len(selected)} dead letter(s)"
         typer.confirm(f"Purge {what}{' of ' + of if of else ''}?", abort=True)
@@ -196,7 +216,7 @@ def purge(
         audit.record(cfg, "dlq.purge", {"consumer": consumer, "ids": selected, "count": n})
         console.print(f"purged {n} consumer dead letter(s)", markup=False)
         return
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
         n = outbox.store.purge_dead(selected, destination=destination)
         audit.record(cfg, "dlq.purge", {"destination": destination, "ids": selected, "count": n}, outbox.store)
     console.print(f"purged {n} dead letter(s)", markup=False)

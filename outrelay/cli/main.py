@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
 
 from outrelay._version import __version__
 from outrelay.cli import audit, check, commands, config_cmd, dlq, ops, status
-from outrelay.cli._common import err_console, error_line
+from outrelay.cli._common import err_console, error_line, quiet_stdout
 from outrelay.core.errors import ConfigError, EventError, OutrelayError
 
 __all__ = ["EXIT_CODES", "app", "main"]
@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
         _fail(exc, 1)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:  # `outrelay dlq list | head`: the reader closed the pipe on purpose
+        quiet_stdout()
+        sys.exit(0)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

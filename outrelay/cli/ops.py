@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -9,8 +10,9 @@ import typer
 
 from outrelay.cli import audit
 from outrelay.cli._common import ConfigOption, console, err_console, load
+from outrelay.cli._validate import open_existing
 from outrelay.core.config import OutrelayConfig
-from outrelay.core.errors import ConfigError
+from outrelay.core.errors import ConfigError, NotFoundError
 from outrelay.core.outbox import Outbox
 
 __all__ = ["register"]
@@ -46,7 +48,7 @@ def enable(
     """Re-enable a destination that was disabled (e.g. after a webhook answered 410 Gone)."""
     cfg = load(config)
     _known(cfg, destination)
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with Outbox.open(cfg.outbox.url) as outbox:  # may precede the first run
         outbox.store.set_disabled(destination, None, time.time())
         audit.record(cfg, "enable", {"destination": destination}, outbox.store)
     console.print(f"{destination}: enabled", markup=False)
@@ -60,7 +62,7 @@ def disable(
     """Stop delivering to a destination; its events stay pending until `outrelay enable`."""
     cfg = load(config)
     _known(cfg, destination)
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with Outbox.open(cfg.outbox.url) as outbox:  # may precede the first run
         outbox.store.set_disabled(destination, reason, time.time())
         audit.record(cfg, "disable", {"destination": destination, "reason": reason}, outbox.store)
     console.print(f"{destination}: disabled ({reason})", markup=False)
@@ -84,7 +86,8 @@ def replay(
     if types or tenant or since or until or dry_run or rate:
         _replay_selected(cfg, destination, stream, after, types, tenant, since, until, dry_run, rate)
         return
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
+        _check_upcasts(outbox, stream, after)
         n = outbox.store.replay_stream(destination, stream=stream, after=after, now=time.time())
         if n:
             done = {"destination": destination, "stream": stream, "after": after, "count": n}
@@ -98,6 +101,23 @@ def replay(
         )
         raise typer.Exit(1)
     console.print(f"queued {n} event(s) for {destination}; a running relay delivers them", markup=False)
+
+
+def _check_upcasts(outbox: Outbox, stream: str | None, after: int) -> None:
+    """Before an unfiltered replay queues anything: every selected event of a type that has
+    upcasters must have a path to its current version (as the filtered replay checks).
+
+    :raises EventError: one has none (nothing is queued)."""
+    from outrelay.core.redeliver import plan
+    from outrelay.core.stores.base import HistoryFilter
+    from outrelay.core.upcasting import default_upcasters
+
+    upcasters = default_upcasters()
+    if not upcasters:  # nothing can fail to upcast: spare the read of the whole selection
+        return
+    where = HistoryFilter(stream, tuple(upcasters.current), None, None, None)
+    with contextlib.suppress(NotFoundError):  # no event of those types: nothing to check
+        plan(outbox.store, where, after=after, upcasters=upcasters)
 
 
 def _replay_selected(
@@ -118,7 +138,7 @@ def _replay_selected(
     from outrelay.core.stores.base import HistoryFilter
 
     where = HistoryFilter(stream, tuple(types), tenant, _when("--since", since), _when("--until", until))
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
         p = plan(outbox.store, where, after=after)
         what = describe(where, after)
         if dry_run:
@@ -213,10 +233,19 @@ def conformance(
         [], "--unreachable", help="Option override key=value pointing at a dead endpoint (broker-down checks)."
     ),
     endpoint: str | None = typer.Option(
-        None, "--endpoint", help="HOST_OPTION,PORT_OPTION: the options naming the broker (enables the fault checks)."
+        None,
+        "--endpoint",
+        help="HOST_OPTION,PORT_OPTION, or URL_OPTION: the options naming the broker (enables the fault checks).",
     ),
-    timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Bound on each open/send/close/check call (s)."),
-    read_timeout: float = typer.Option(10.0, "--read-timeout", min=0.1, help="How long a check waits to read (s)."),
+    conformance_config: Path | None = typer.Option(
+        None, "--conformance-config", help="A TOML file with every test hook ([conformance] table; see the docs)."
+    ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", min=0.1, help="Bound on each open/send/close/check call (s; default 10)."
+    ),
+    read_timeout: float | None = typer.Option(
+        None, "--read-timeout", min=0.1, help="How long a check waits to read (s; default 10)."
+    ),
     isolate: bool = typer.Option(True, "--isolate/--no-isolate", help="Try a fresh target per check."),
     report_json: Path | None = typer.Option(None, "--report-json", help="Also write the report as JSON here."),
     report_md: Path | None = typer.Option(None, "--report-md", help="Also write the report as Markdown here."),
@@ -251,15 +280,18 @@ def conformance(
         transport=transport,
         options=dict(parse_option(o) for o in options),
         unreachable=dict(parse_option(o) for o in unreachable) if unreachable else None,
-        endpoint=_pair(endpoint),
+        endpoint=_endpoint(endpoint),
+        conformance_config=str(conformance_config) if conformance_config else None,
     )
     raise typer.Exit(int(code))
 
 
-def _pair(text: str | None) -> tuple[str, str] | None:
+def _endpoint(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None
-    host, sep, port = text.partition(",")
-    if not sep or not host.strip() or not port.strip():
-        raise ConfigError(f"--endpoint {text!r} must name two options, HOST_OPTION,PORT_OPTION; e.g. host,port")
-    return host.strip(), port.strip()
+    names = tuple(n.strip() for n in text.split(","))
+    if len(names) > 2 or not all(names):
+        raise ConfigError(
+            f"--endpoint {text!r} must name the host and port options (host,port) or the one option holding a URL (url)"
+        )
+    return names

@@ -18,11 +18,13 @@ import orjson
 import typer
 
 from outrelay.cli._common import ConfigOption, console, err_console, error_line, load, mask, secrets_of
+from outrelay.cli._validate import open_existing
 from outrelay.core.breaker import read_states
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.errors import ConfigError
-from outrelay.core.outbox import Outbox
+from outrelay.core.routing import UNROUTED_REASONS
 from outrelay.core.stores.lanes import LaneOperations
+from outrelay.core.unrouted import read_unrouted
 
 __all__ = ["register", "retry", "status"]
 
@@ -53,7 +55,8 @@ def _when(t: float | None, now: float) -> str:
 
 def _collect(cfg: OutrelayConfig, now: float) -> dict[str, Any]:
     secrets = secrets_of(cfg)
-    with Outbox.open(cfg.outbox.url) as outbox:
+    invalid = _config_errors(cfg)
+    with open_existing(cfg) as outbox:
         store = outbox.store
         rows = store.status(list(cfg.destinations), now)
         unrouted = store.unrouted()
@@ -64,6 +67,7 @@ def _collect(cfg: OutrelayConfig, now: float) -> dict[str, Any]:
             d["transport"] = cfg.destinations[r.destination].transport
             d["last_error"] = mask(d["last_error"], secrets)
             d["disabled"] = mask(d["disabled"], secrets)
+            d["config_error"] = mask(invalid.get(r.destination), secrets)
             # open circuit breakers of the running relays (none: closed, or no relay runs)
             d["breaker"] = [
                 {**b, "last_error": mask(b.get("last_error"), secrets)} for b in breakers.get(r.destination, [])
@@ -74,11 +78,35 @@ def _collect(cfg: OutrelayConfig, now: float) -> dict[str, Any]:
             d["parked"] = [{**p.summary(), "reason": mask(p.reason, secrets)} for p in parked]
             d["state"] = _state(d)
             docs.append(d)
-    return {"outbox": mask(cfg.outbox.url, secrets), "unrouted": unrouted, "destinations": docs}
+    nowhere = read_unrouted(cfg.outbox.url)
+    return {
+        "outbox": mask(cfg.outbox.url, secrets),
+        "unrouted": unrouted,
+        "unrouted_events": nowhere,
+        "destinations": docs,
+    }
+
+
+def _config_errors(cfg: OutrelayConfig) -> dict[str, str]:
+    """Each destination whose transport cannot be built from the config (as `run` would refuse it):
+    an unknown transport, a missing extra, an invalid option — by destination name."""
+    from outrelay.core.registry import Registry
+
+    registry = Registry()
+    out: dict[str, str] = {}
+    for name, dest in cfg.destinations.items():
+        try:
+            registry.create_transport(dest.transport, dest.options, destination=name)
+        except ConfigError as exc:
+            out[name] = str(exc).removeprefix(f"destinations.{name}: ")
+    return out
 
 
 def _state(d: dict[str, Any]) -> str:
-    """The current state only: an error is shown while something still fails, not after recovery."""
+    """The current state only: an error is shown while something still fails, not after recovery;
+    the error shown is the latest one the relay recorded for the destination."""
+    if d["config_error"]:
+        return f"invalid config: {d['config_error']}"
     if d["disabled"]:
         return f"disabled: {d['disabled']}"
     if d["breaker"]:
@@ -87,18 +115,44 @@ def _state(d: dict[str, Any]) -> str:
             f"circuit breaker open ({b['probes']} probe(s), one every {b['probe_interval']:g}s): "
             f"{b['last_error'] or 'unknown error'}"
         )
+    if d["last_error"] and d["last_error"].startswith("open failed"):  # cleared once the transport opens
+        return f"failing: {d['last_error']}"
     if d["retrying"]:
-        return f"retrying: {d['retrying'][0]['last_error'] or d['last_error'] or 'unknown error'}"
+        return f"retrying: {d['last_error'] or d['retrying'][0]['last_error'] or 'unknown error'}"
     if d["parked"]:
         return f"parked: {d['parked'][0]['reason']}"
     return "ok"
 
 
+class _Lines:
+    """Lines of at most ``width`` columns; remembers whether anything was cut."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.lines: list[str] = []
+        self.cut = False
+
+    def add(self, head: str, text: str | None = None) -> None:
+        """``head`` whole, then ``text`` shortened to what is left of the line."""
+        if text is None:
+            self.lines.append(head)
+            return
+        room = max(10, self.width - len(head))
+        one = " ".join(text.split())
+        self.cut |= len(one) > room
+        self.lines.append(head + _short(one, room))
+
+
 def _render(doc: dict[str, Any], width: int, now: float) -> list[str]:
-    lines = [_short(f"outbox {doc['outbox']} · {doc['unrouted']} event(s) not yet routed", width), ""]
+    out = _Lines(width)
+    out.add("", f"outbox {doc['outbox']} · {doc['unrouted']} event(s) not yet routed")
+    for reason, entry in sorted((doc.get("unrouted_events") or {}).items()):
+        types = ", ".join(f"{t} ×{n}" for t, n in sorted(entry["types"].items(), key=lambda kv: -kv[1]))
+        why = UNROUTED_REASONS.get(reason, reason)
+        out.add("routed nowhere: ", f"{types} — {why}")
+    out.add("")
     for d in doc["destinations"]:
-        head = f"{d['destination']} ({d['transport']})"
-        lines.append(head + " " + _short(d["state"], max(10, width - len(head) - 1)))
+        out.add(f"{d['destination']} ({d['transport']}) ", d["state"])
         age = "-" if d["oldest_pending_age"] is None else f"{d['oldest_pending_age']:.0f}s"
         counts = [
             f"pending {d['pending']}",
@@ -111,20 +165,26 @@ def _render(doc: dict[str, Any], width: int, now: float) -> list[str]:
         line = " "
         for c in counts:  # wrap between fields, never inside one
             if len(line) + len(c) + 3 > width and line.strip():
-                lines.append(line.rstrip(" ·"))
+                out.add(line.rstrip(" ·"))
                 line = " "
             line += f" {c} ·"
-        lines.append(line.rstrip(" ·"))
+        out.add(line.rstrip(" ·"))
         for s in d["retrying"][:STREAMS_TEXT]:
-            tag = f"  stream {s['stream']}: attempt {s['attempts']}, next {_when(s['next_attempt_at'], now)}: "
-            lines.append(tag + _short(s["last_error"], max(10, width - len(tag))))
+            out.add(
+                f"  stream {s['stream']}: attempt {s['attempts']}, next {_when(s['next_attempt_at'], now)}: ",
+                s["last_error"],
+            )
         for p in d["parked"][:STREAMS_TEXT]:
-            tag = f"  stream {p['stream']}: PARKED after {p['attempts']} attempt(s) (dlq id {p['id']}): "
-            lines.append(tag + _short(p["reason"], max(10, width - len(tag))))
+            out.add(
+                f"  stream {p['stream']}: PARKED after {p['attempts']} attempt(s) (dlq id {p['id']}): ", p["reason"]
+            )
         more = max(0, len(d["retrying"]) - STREAMS_TEXT) + max(0, len(d["parked"]) - STREAMS_TEXT)
         if more:
-            lines.append(f"  … {more} more stream(s): outrelay status --json")
-    return lines
+            out.add(f"  … {more} more stream(s): outrelay status --json")
+    if out.cut:
+        out.add("")
+        out.add("(reasons cut to fit the terminal: `outrelay status --json` shows them whole)")
+    return out.lines
 
 
 def status(
@@ -152,7 +212,7 @@ def retry(
     if destination not in cfg.destinations:
         known = ", ".join(sorted(cfg.destinations)) or "none"
         raise ConfigError(f"unknown destination {destination!r}; configured: {known}")
-    with Outbox.open(cfg.outbox.url) as outbox:
+    with open_existing(cfg) as outbox:
         store = outbox.store
         if not isinstance(store, LaneOperations):
             raise ConfigError(f"the outbox store {type(store).__name__} does not support `outrelay retry`")

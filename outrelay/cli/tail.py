@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,6 +13,7 @@ import typer
 from outrelay.cli._common import ConfigOption, config_context, console, load
 from outrelay.core import cloudevents
 from outrelay.core.envelope import Event
+from outrelay.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from outrelay.core.bus import EventBus
@@ -49,9 +51,18 @@ def tail(
     Watching is fan-out: it takes nothing away from consumer groups. Lines go to
     stdout; Ctrl-C (or SIGTERM) stops it.
     """
-    from outrelay.core.bus import EventBus
+    from outrelay.core.bus import BUS_ENV, EventBus
 
     cfg = load(config)
+    name = destination or os.environ.get(BUS_ENV) or cfg.bus.destination or "memory"
+    dest = cfg.destinations.get(name)
+    if name == "memory" or (dest is not None and dest.transport == "memory"):
+        raise ConfigError(
+            f"tail has no broker to read{f' (destination {name!r} is in-process)' if dest else ''}: the in-process "
+            f"bus only sees events published inside the process that runs it, never the relay's; pass "
+            f"-d DESTINATION (one whose transport offers subscriptions, see `outrelay transports`), or set "
+            f"[bus] destination or ${BUS_ENV}"
+        )
     with config_context(config):
         bus = EventBus.from_config(cfg, destination=destination, dead_letters="memory")
     asyncio.run(_tail(bus, types or ["*"], streams, tenants, count, group, from_beginning, as_json))

@@ -32,9 +32,11 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 
 from outrelay.conformance._binding import Binding
-from outrelay.core.transport import Transport
+from outrelay.core.transport import Reader, Transport
 
 __all__ = ["CHECKS", "Binding", "ConformanceSuite", "ConformanceTarget"]
+#: the ready-made CloudEvents bindings (``from outrelay.conformance import HTTP``)
+__all__ += ["AMQP", "HTTP", "KAFKA", "MQTT", "NATS", "STRUCTURED"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +89,7 @@ class ConformanceTarget:
       hint"}``): the check still skips, and its reason says why, so the report
       shows a declared limitation of the broker or its test peer rather than
       an oversight. Names: ``upstream``, ``refuse_target``, ``make_forbidden``,
-      ``throttle``, ``secret``, ``binding``.
+      ``throttle``, ``secret``, ``binding``, ``late_reader``.
 
     The consumer-side checks (``subscription_*``, for a transport declaring
     ``capabilities.subscriptions``; :mod:`outrelay.conformance._checks_subscription`):
@@ -102,6 +104,17 @@ class ConformanceTarget:
     * ``unsupported`` names, besides the hooks: ``processes`` (members cannot
       live in other processes: an in-process broker) and ``from_beginning``
       (the broker cannot start a new group at the target's beginning).
+
+    Optional hook of the v3 checks:
+
+    * ``late_reader(transport, target)`` — a reader that, started *after*
+      messages were sent to ``target``, reads what the broker kept (Kafka or a
+      Redis stream from the beginning, a JetStream consumer delivering all).
+      The durability check uses it for a transport declaring ``delivery =
+      "at_least_once"``; without it, ``transport.reader(target)`` started
+      after the send must find the messages. A broker that keeps messages only
+      for subscriptions that exist when they are sent (an AMQP exchange, a
+      Pub/Sub or SNS topic) declares it in ``unsupported``.
     """
 
     make_transport: Callable[[str], Transport]
@@ -123,7 +136,9 @@ class ConformanceTarget:
     binding: Binding | None = None
     cleanup: Callable[[str], Awaitable[None]] | None = None
     unsupported: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    late_reader: Callable[[Transport, str], Reader] | None = None
 
 
+from outrelay.conformance._binding import AMQP, HTTP, KAFKA, MQTT, NATS, STRUCTURED  # noqa: E402
 from outrelay.conformance._harness import CHECKS  # noqa: E402
 from outrelay.conformance.suite import ConformanceSuite  # noqa: E402

@@ -48,6 +48,8 @@ class FaultRig:
     direct: Session
     via: Session
     seen: set[str] = dataclasses.field(default_factory=set)
+    #: the id of the warm-up message, confirmed and read before any fault ("" without one)
+    warm: str = ""
 
 
 def _hooks(ctx: Context) -> None:
@@ -79,13 +81,14 @@ async def rig(ctx: Context, *, warm: bool = True) -> FaultRig:
     t = _via(ctx, direct.target, proxy)
     await guarded("open() through the proxy", t.open(), ctx.timeout)
     via = Session(ctx, t, direct.caps, direct.target, direct.reader)
-    if warm:
-        ev = payload_event(ctx, "warm-up")
-        [r] = await via.send([ev], what="send() through a healthy proxy")
-        if not isinstance(r, Delivered):
-            raise CheckFailed(f"send() through a healthy proxy (no fault yet) gave {r!r}")
-        await via.expect(1)
-    return FaultRig(ctx, proxy, direct, via)
+    if not warm:
+        return FaultRig(ctx, proxy, direct, via)
+    ev = payload_event(ctx, "warm-up")
+    [r] = await via.send([ev], what="send() through a healthy proxy")
+    if not isinstance(r, Delivered):
+        raise CheckFailed(f"send() through a healthy proxy (no fault yet) gave {r!r}")
+    await via.expect(1)
+    return FaultRig(ctx, proxy, direct, via, warm=ev.id)
 
 
 def payload_event(ctx: Context, stream: str, n: int = 0) -> Event:
@@ -178,14 +181,19 @@ async def idle_fault(ctx: Context, rst: bool) -> None:
     await recover(r, events, results)
 
 
-async def mid_batch_fault(ctx: Context, *, rst: bool = False, stall: bool = False) -> None:
-    r = await rig(ctx)
+async def message_size(r: FaultRig) -> int:
+    """Client→server bytes one :func:`payload_event` costs on the transport's open connection (a probe)."""
     before = r.proxy.stats["bytes_up"]  # the connection is up: the next message shows its own size
-    [x] = await r.via.send([probe := payload_event(ctx, "size-probe")], what="send() through a healthy proxy")
+    [x] = await r.via.send([probe := payload_event(r.ctx, "size-probe")], what="send() through a healthy proxy")
     if not isinstance(x, Delivered):
         raise CheckFailed(f"send() through a healthy proxy (no fault yet) gave {x!r}")
-    await r.via.read_until({probe.id}, ctx.read_timeout, grace=0)
-    one = max(1, r.proxy.stats["bytes_up"] - before)
+    await r.via.read_until({probe.id}, r.ctx.read_timeout, grace=0)
+    return max(1, r.proxy.stats["bytes_up"] - before)
+
+
+async def mid_batch_fault(ctx: Context, *, rst: bool = False, stall: bool = False) -> None:
+    r = await rig(ctx)
+    one = await message_size(r)
     events = batch_events(ctx, r.via.caps.ordered_batches)
     midway = max(1, one * len(events) // 2)
     if stall:
@@ -253,6 +261,39 @@ async def fault_black_hole_send(ctx: Context) -> None:
     await recover(r, events, results)
 
 
+async def open_into_hole(ctx: Context, t: Transport, hole: str) -> None:
+    """open() into ``hole`` raises RetryableError within the bound (or connects lazily, and the first send()
+    is retryable); close() then returns promptly."""
+    try:
+        await guarded(f"open() through {hole}", t.open(), ctx.timeout)
+    except RetryableError:
+        await guarded("close() after a failed open()", t.close(), ctx.timeout)
+        return
+    except OutrelayError as exc:
+        raise CheckFailed(f"open() through {hole} raised {type(exc).__name__}: {exc}; expected RetryableError") from exc
+    ev = ctx.event("hole", data=b"x")
+    s = Session(ctx, t, t.capabilities, t.target(ev), None)
+    results = await faulted_send(s, [ev], f"send() through {hole} after a lazy open()")
+    if any(isinstance(x, Delivered) for x in results):
+        raise CheckFailed(f"send() through {hole} reported Delivered; nothing reached the broker")
+    await guarded(f"close() after {hole}", t.close(), ctx.timeout)
+
+
+async def check_into_hole(ctx: Context, t: Transport, hole: str) -> None:
+    """check() into ``hole`` raises a TransportError with a message within the bound."""
+    try:
+        summary = await guarded(f"check() through {hole}", t.check(), ctx.timeout)
+    except TransportError as exc:
+        if not str(exc).strip():
+            raise CheckFailed("check() raised a TransportError with an empty message; say what to fix") from exc
+        return
+    except OutrelayError as exc:
+        raise CheckFailed(
+            f"check() through {hole} raised {type(exc).__name__}: {exc}; expected a TransportError"
+        ) from exc
+    raise CheckFailed(f"check() reported success through {hole}: {short(summary)}")
+
+
 @check
 async def fault_black_hole_open(ctx: Context) -> None:
     """open() through a black hole raises RetryableError within the bound (or connects lazily and the first
@@ -261,22 +302,7 @@ async def fault_black_hole_open(ctx: Context) -> None:
     target = await ctx.new_target()
     proxy = await _proxy_for(ctx, target)
     proxy.hold()
-    t = _via(ctx, target, proxy)
-    try:
-        await guarded("open() through a black hole", t.open(), ctx.timeout)
-    except RetryableError:
-        await guarded("close() after a failed open()", t.close(), ctx.timeout)
-        return
-    except OutrelayError as exc:
-        raise CheckFailed(
-            f"open() through a black hole raised {type(exc).__name__}: {exc}; expected RetryableError"
-        ) from exc
-    ev = ctx.event("hole", data=b"x")
-    s = Session(ctx, t, t.capabilities, t.target(ev), None)
-    results = await faulted_send(s, [ev], "send() through a black hole after a lazy open()")
-    if any(isinstance(x, Delivered) for x in results):
-        raise CheckFailed("send() through a black hole reported Delivered; nothing reached the broker")
-    await guarded("close() after the black hole", t.close(), ctx.timeout)
+    await open_into_hole(ctx, _via(ctx, target, proxy), "a black hole")
 
 
 @check
@@ -286,15 +312,4 @@ async def fault_black_hole_check(ctx: Context) -> None:
     target = await ctx.new_target()
     proxy = await _proxy_for(ctx, target)
     proxy.hold()
-    t = _via(ctx, target, proxy)
-    try:
-        summary = await guarded("check() through a black hole", t.check(), ctx.timeout)
-    except TransportError as exc:
-        if not str(exc).strip():
-            raise CheckFailed("check() raised a TransportError with an empty message; say what to fix") from exc
-        return
-    except OutrelayError as exc:
-        raise CheckFailed(
-            f"check() through a black hole raised {type(exc).__name__}: {exc}; expected a TransportError"
-        ) from exc
-    raise CheckFailed(f"check() reported success through a black hole: {short(summary)}")
+    await check_into_hole(ctx, _via(ctx, target, proxy), "a black hole")

@@ -113,6 +113,7 @@ async def payload_over_max_rejected(ctx: Context) -> None:
     [result] = await s.send([big], what=f"send() of max_message_bytes+1={size + 1}")
     if not isinstance(result, Rejected):
         raise CheckFailed(f"a message of max_message_bytes+1={size + 1} data bytes gave {result!r}, not Rejected")
+    not_disabling(result, "an oversized message")
     sentinel = ctx.event("over", data=b"after")
     await send_delivered(s, [sentinel])
     got = await s.expect(1)
@@ -121,9 +122,33 @@ async def payload_over_max_rejected(ctx: Context) -> None:
     await s.expect_nothing_more()
 
 
+#: a value for each metadata key the CloudEvents mapping promotes to an attribute of its own
+PROMOTED_VALUES = {
+    "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    "tracestate": "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE",
+    "keyid": "orders-2024-05",
+}
+
+
+def promoted_metadata() -> dict[str, str]:
+    """Every key of ``cloudevents.PROMOTED_METADATA`` with a plausible value (trace context, key id)."""
+    return {k: PROMOTED_VALUES.get(k, f"promoted-{k}") for k in cloudevents.PROMOTED_METADATA}
+
+
+def not_disabling(result: Rejected, what: str) -> None:
+    """:raises CheckFailed: ``result`` disables the destination — one bad message must never stop all the others."""
+    if result.disable_destination:
+        raise CheckFailed(
+            f"{what} was Rejected with disable_destination=True: the relay would stop the whole destination for one "
+            "message; disable only when the destination itself is gone (e.g. HTTP 410)"
+        )
+
+
 @check
 async def metadata_roundtrip(ctx: Context) -> None:
-    """Metadata (string map passed through as headers/extensions) round-trips exactly, keys and values."""
+    """Metadata (string map passed through as headers/extensions) round-trips exactly, keys and values, including
+    the keys promoted to attributes of their own (traceparent, tracestate, keyid), alone and among others."""
+    promoted = promoted_metadata()
     meta = {
         "trace-id": "4bf92f3577b34da6a3ce929d0e0e4736",
         "x.dotted.key": "v",
@@ -133,7 +158,13 @@ async def metadata_roundtrip(ctx: Context) -> None:
         "json-ish": '{"a": [1, 2]}',
         "long": "x" * 256,
     }
-    await roundtrip(ctx, [ctx.event("meta", data=b"m", metadata=meta), ctx.event("meta-none", data=b"n")])
+    events = [
+        ctx.event("meta", data=b"m", metadata=meta),
+        ctx.event("meta-none", data=b"n"),
+        ctx.event("meta-promoted", data=b"p", metadata=promoted),
+        ctx.event("meta-mixed", data=b"x", metadata={**promoted, "k": "v"}),
+    ]
+    await roundtrip(ctx, events)
 
 
 @check

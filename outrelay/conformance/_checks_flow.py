@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from outrelay.conformance._checks_fidelity import binary_payload, max_size_or_skip, send_delivered
+from outrelay.conformance._checks_fidelity import binary_payload, max_size_or_skip, not_disabling, send_delivered
 from outrelay.conformance._harness import CheckFailed, CheckSkipped, Context, Session, by_id, check
 from outrelay.core.config import OutrelayConfig, RelayConfig
 from outrelay.core.envelope import Event
@@ -70,6 +70,8 @@ async def batch_partial_failure(ctx: Context) -> None:
         if not ok:
             want = "Rejected" if i == bad else "Delivered"
             raise CheckFailed(f"batch result #{i} is {r!r}, expected {want} (results: {results!r})")
+        if isinstance(r, Rejected):
+            not_disabling(r, f"the oversized message #{i} of a batch")
     good = [e for i, e in enumerate(events) if i != bad]
     by_id(good, await s.expect(len(good)))
     await s.expect_nothing_more()
@@ -91,6 +93,9 @@ async def ordered_batch_halts_key(ctx: Context) -> None:
     want = (Delivered, Rejected, RetryLater, Delivered)
     if not all(isinstance(r, w) for r, w in zip(results, want, strict=True)):
         raise CheckFailed(f"results {results!r}; expected Delivered, Rejected, RetryLater, Delivered")
+    rejected = results[1]
+    assert isinstance(rejected, Rejected)
+    not_disabling(rejected, "the oversized message of an ordered batch")
     by_id([a, d], await s.expect(2))
     await s.expect_nothing_more()
 

@@ -9,20 +9,23 @@
 * Native dedupe holds after a delay and after other messages, not only for
   an immediate resend.
 * ``open()`` after ``close()`` works (the transport contract, docs/transports.md).
-* Sockets and files are released: open/send/close and ``check()`` cycles
-  leave the process with no more of them than before.
+* Sockets and files are released: open/send/close and ``check()`` cycles,
+  and failing ``open()``/``check()`` calls, leave the process with no more of
+  them than before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from outrelay.conformance._checks_fidelity import send_delivered
 from outrelay.conformance._harness import CheckFailed, CheckSkipped, Context, assert_same, by_id, check, guarded
 from outrelay.core.errors import OutrelayError
-from outrelay.core.transport import Delivered, Message, Rejected, RetryLater
+from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, Transport
 
 __all__: list[str] = []
 
@@ -40,7 +43,7 @@ async def refused_target_mixed(ctx: Context) -> None:
     if hook is None:
         raise ctx.no_hook("refuse_target")
     s = await ctx.session()
-    bad = await guarded("refuse_target()", hook(s.target), max(ctx.timeout, 30.0))
+    bad = await ctx.hook("refuse_target()", hook(s.target), max(ctx.timeout, 30.0))
     events = [ctx.event(f"mixed-{i}", data={"i": i}) for i in range(5)]
     refused = {1, 3}
     batch = [Message(e, bad if i in refused else s.target, e.stream) for i, e in enumerate(events)]
@@ -64,7 +67,7 @@ async def throttle_retry_after(ctx: Context) -> None:
     if hook is None:
         raise ctx.no_hook("throttle")
     s = await ctx.session()
-    hint = await guarded("throttle()", hook(s.target), ctx.timeout)
+    hint = await ctx.hook("throttle()", hook(s.target), ctx.timeout)
     [r] = await s.send([ctx.event("throttled", data=b"t")], what="send() to a throttled broker")
     if not isinstance(r, RetryLater):
         raise CheckFailed(f"send() to a throttled broker gave {r!r}; expected RetryLater")
@@ -162,10 +165,37 @@ def open_handles() -> dict[int, str]:
     return out
 
 
+async def _failing(ctx: Context, target: str, n: int) -> None:
+    """Error paths, at once: open() and check() against a broker that is down, check() with credentials that may
+    not publish — on new instances, never closed after a failure (a failed open()/check() must undo itself)."""
+
+    async def fail_open(hook: str, make: Callable[[str], Transport]) -> None:
+        t = ctx.adopt_made(hook, make(target))
+        try:
+            await guarded(f"open() against a down broker #{n}", t.open(), ctx.timeout)
+        except OutrelayError:
+            return
+        await guarded(f"close() after a lazy open() #{n}", t.close(), ctx.timeout)  # it connects lazily
+
+    async def fail_check(hook: str, make: Callable[[str], Transport]) -> None:
+        t = ctx.adopt_made(hook, make(target))
+        with contextlib.suppress(OutrelayError):
+            await guarded(f"check() with {hook} #{n}", t.check(), ctx.timeout)
+
+    jobs = []
+    if ctx.ct.make_unreachable is not None:
+        jobs.append(fail_open("make_unreachable", ctx.ct.make_unreachable))
+        jobs += [fail_check("make_unreachable", ctx.ct.make_unreachable)]
+    if ctx.ct.make_forbidden is not None:
+        jobs += [fail_check("make_forbidden", ctx.ct.make_forbidden)]
+    await asyncio.gather(*jobs)
+
+
 @check
 async def sockets_released(ctx: Context) -> None:
-    """Three open/send/close cycles and two check() calls on new transport instances leave no more sockets or
-    files open than before (counted in /proc/self/fd)."""
+    """Three open/send/close cycles, two check() calls, and the error paths (open() and check() against a broker
+    that is down, check() with credentials that may not publish, never followed by close()) leave no more sockets
+    or files open than before (counted in /proc/self/fd)."""
     if not HAVE_PROC_FD:
         raise CheckSkipped("this platform has no /proc/self/fd to count open sockets")
     s = await ctx.session()
@@ -186,17 +216,20 @@ async def sockets_released(ctx: Context) -> None:
 
     await cycle(0)  # warm-up: lazily created process-wide resources are not leaks
     await probe(0)
+    await _failing(ctx, s.target, 0)
     await asyncio.sleep(0.2)
     before = open_handles()
     for n in range(1, CYCLES + 1):
         await cycle(n)
     for n in (1, 2):
         await probe(n)
+    await _failing(ctx, s.target, 1)  # one round: each leak shows at once (more rounds only cost time)
     await asyncio.sleep(0.3)  # let transports' connection_lost callbacks run
     new = {fd: what for fd, what in open_handles().items() if before.get(fd) != what}
     if len(new) > 1:
         kinds = sorted({w.split("[")[0] for w in new.values()})
         raise CheckFailed(
-            f"{len(new)} more sockets/files are open after {CYCLES} open/send/close cycles and 2 check() calls "
-            f"than before ({', '.join(kinds)}); close() must release every connection and file"
+            f"{len(new)} more sockets/files are open after {CYCLES} open/send/close cycles, 2 check() calls, a round "
+            f"of failed open()/check() than before ({', '.join(kinds)}); close() — and a failing open() or check() — "
+            "must release every connection and file"
         )

@@ -7,9 +7,13 @@ runs one check in a fresh event loop under an overall time bound and turns
 the outcome into pytest's pass/fail/skip.
 
 Every call into the transport goes through :func:`guarded`: it bounds the
-call with a timeout (a hang fails the check instead of the run) and turns any
+call with a timeout (a hang fails the check instead of the run), turns any
 exception that is not an :class:`~outrelay.OutrelayError` into a failure
-naming the leaked vendor exception.
+naming the leaked vendor exception, and fails a call that swallowed the
+cancellation at its bound. Around every check, a :class:`~._loopwatch.LoopWatch`
+catches calls that block the event loop and a :class:`~._census.Census` the
+tasks a transport leaves running and the batches it changes; either fails a
+check that passed otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from outrelay.conformance._census import Census
+from outrelay.conformance._loopwatch import LoopWatch
 from outrelay.core.envelope import Event
 from outrelay.core.errors import OutrelayError
 from outrelay.core.transport import Capabilities, Message, Reader, Received, SendResult, Transport
@@ -84,13 +90,17 @@ async def guarded(what: str, aw: Awaitable[T], timeout: float) -> T:
     """Await ``aw`` for at most ``timeout`` seconds.
 
     :raises OutrelayError: whatever the transport raised, unchanged.
-    :raises CheckFailed: on a hang, or when anything but an OutrelayError escapes.
+    :raises CheckFailed: on a hang, when anything but an OutrelayError escapes, or when the call was
+        cancelled at the bound and returned (or raised an OutrelayError) instead of letting the
+        cancellation through.
     """
     cm = asyncio.timeout(timeout)
     try:
         async with cm:
-            return await aw
+            result = await aw
     except OutrelayError as exc:
+        if cm.expired():
+            raise _swallowed(what, timeout, f"raised {type(exc).__name__}: {exc}") from exc
         exc.add_note(f"raised by {what}")  # named if the check did not expect it (see run_check)
         raise
     except (CheckFailed, CheckSkipped):
@@ -101,6 +111,16 @@ async def guarded(what: str, aw: Awaitable[T], timeout: float) -> T:
         raise _leak(what, exc) from exc
     except Exception as exc:
         raise _leak(what, exc) from exc
+    if cm.expired():
+        raise _swallowed(what, timeout, f"returned {short(result)}")
+    return result
+
+
+def _swallowed(what: str, timeout: float, instead: str) -> CheckFailed:
+    return CheckFailed(
+        f"{what} was cancelled at the {timeout:g}s bound and {instead} instead of raising CancelledError; "
+        "a transport must let cancellation through (never swallow CancelledError)"
+    )
 
 
 def _leak(what: str, exc: BaseException) -> CheckFailed:
@@ -129,6 +149,8 @@ class Context:
         self._transports: list[Transport] = []
         self._readers: list[Reader] = []
         self._cleanups: list[Callable[[], Awaitable[None]]] = []
+        self.watch = LoopWatch()
+        self.census = Census()
 
     # -- building blocks -----------------------------------------------------
 
@@ -151,22 +173,29 @@ class Context:
         name = self.unique + (f"-{suffix}" if suffix else "")
         target = name
         if self.ct.provision is not None:
-            target = await guarded(f"provision({name!r})", self.ct.provision(name), max(self.timeout, 30.0))
+            target = await self.hook(f"provision({name!r})", self.ct.provision(name), max(self.timeout, 30.0))
         cleanup = self.ct.cleanup
         if cleanup is not None:  # removes what the check left on the broker, after its transports closed
             self.on_close(lambda: cleanup(target))
         return target
 
+    async def hook(self, what: str, aw: Awaitable[T], timeout: float) -> T:
+        """Await one of the target's own async hooks (``provision``, ``refuse_target``...): bounded like a
+        transport call, but the loop watch is paused (the hook is the test fixture's code, not the transport's)."""
+        with self.watch.paused():
+            return await guarded(what, aw, timeout)
+
     def transport(self, target: str) -> Transport:
-        """``make_transport(target)``, closed when the check ends."""
-        t = self.ct.make_transport(target)
+        """``make_transport(target)``, tracked (see :mod:`._census`) and closed when the check ends."""
+        with self.watch.paused():  # constructing is the fixture's business
+            t = self.ct.make_transport(target)
         if not isinstance(t, Transport):
             raise CheckFailed(f"make_transport returned {type(t).__name__}, not an outrelay.Transport")
-        self._transports.append(t)
-        return t
+        return self.adopt(t)
 
     def adopt(self, t: Transport) -> Transport:
-        """Close ``t`` when the check ends."""
+        """Track ``t`` and close it when the check ends."""
+        self.census.track(t)
         self._transports.append(t)
         return t
 
@@ -188,14 +217,19 @@ class Context:
             r = t.reader(target)
         except NotImplementedError as exc:
             raise CheckFailed(f"capabilities.reader is true but reader() raised: {exc}") from exc
+        return await self.start_reader(r)
+
+    async def start_reader(self, r: Reader) -> Reader:
+        """Track and start ``r``; it is stopped when the check ends."""
+        self.census.track(r)
         await guarded("reader.start()", r.start(), self.timeout)
         self._readers.append(r)
         return r
 
-    async def session(self, *, need_reader: bool = True) -> Session:
-        """The common opening: fresh target, opened transport, entered reader
-        (skips without a reader when ``need_reader``)."""
-        target = await self.new_target()
+    async def session(self, *, need_reader: bool = True, suffix: str = "") -> Session:
+        """The common opening: fresh target (``suffix``: a second one of the check), opened transport,
+        entered reader (skips without a reader when ``need_reader``)."""
+        target = await self.new_target(suffix)
         t = self.transport(target)
         caps = t.capabilities
         if need_reader and not caps.reader:
@@ -216,11 +250,32 @@ class Context:
                 await guarded("close()", t.close(), self.timeout)
             except Exception as exc:
                 problems.append(str(exc) if isinstance(exc, CheckFailed) else f"close() raised {exc!r}")
-        for cleanup in reversed(self._cleanups):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(cleanup(), self.timeout)
+        with self.watch.paused():
+            for cleanup in reversed(self._cleanups):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(cleanup(), self.timeout)
         if problems:
             raise CheckFailed("; ".join(problems))
+
+    def verdict(self) -> None:
+        """After a check that passed: fail it for a blocked loop, leaked tasks or a changed batch.
+
+        :raises CheckFailed: with the first such finding."""
+        if self.watch.stalls:
+            worst = max(self.watch.stalls, key=lambda s: s.seconds)
+            raise CheckFailed(
+                f"the event loop was blocked {len(self.watch.stalls)} time(s) longer than {self.watch.bound * 1000:.0f}"
+                f" ms; the longest: {worst.describe()} — never make blocking calls on the event loop (use the "
+                "client's async API, or asyncio.to_thread)"
+            )
+        if self.census.findings:
+            raise CheckFailed(self.census.findings[0].message)
+        left = self.census.leftover()
+        if left:
+            raise CheckFailed(
+                f"{len(left)} task(s) of the transport are still running after every transport was closed and "
+                f"every reader stopped: {'; '.join(dict.fromkeys(left))}; cancel and await every task you start"
+            )
 
 
 @dataclasses.dataclass
@@ -360,6 +415,8 @@ def run_check(target: Any, name: str, tmp_path: Path, node: Any = None) -> None:
 
     async def main() -> None:
         ctx = Context(target, name, tmp_path)
+        ctx.watch.start()
+        ctx.census.install()
         try:
             try:
                 async with asyncio.timeout(bound):
@@ -375,9 +432,15 @@ def run_check(target: Any, name: str, tmp_path: Path, node: Any = None) -> None:
             raise
         else:
             await ctx.aclose()
+            ctx.watch.stop()
+            ctx.verdict()
         finally:
+            ctx.watch.stop()
             if node is not None and ctx._transports:
-                node.user_properties.append(("outrelay_transport_class", type(ctx._transports[0]).__name__))
+                first = ctx._transports[0]
+                node.user_properties.append(("outrelay_transport_class", type(first).__name__))
+                with contextlib.suppress(Exception):  # a broken capabilities property is another check's failure
+                    node.user_properties.append(("outrelay_delivery", str(first.capabilities.delivery)))
 
     skipped = failed = None
     try:

@@ -15,7 +15,7 @@ import ssl
 import struct
 from pathlib import Path
 
-__all__ = ["TcpProxy"]
+__all__ = ["SynBlackHole", "TcpProxy"]
 
 
 class TcpProxy:
@@ -32,6 +32,9 @@ class TcpProxy:
       hole: connections are accepted and nothing is answered or forwarded in either direction
       until released; then everything held flows on, as after a healed partition (the client may
       have given up on those connections meanwhile);
+    * :meth:`drop_reply` arms a lost answer: the server's next bytes to the client are
+      discarded and every connection is cut — the server got (and applied) the request, the
+      client never hears so;
     * :attr:`latency` delays every chunk by that many seconds, each direction, pipelined (a
       link's round trip grows by twice that; throughput is not capped).
 
@@ -45,7 +48,8 @@ class TcpProxy:
         self.upstream = (host, port)
         self.port = listen_port
         self.latency = 0.0
-        self.stats = {"connections": 0, "cuts": 0, "resets": 0, "bytes_up": 0}
+        self.stats = {"connections": 0, "cuts": 0, "resets": 0, "bytes_up": 0, "replies_dropped": 0}
+        self.reply_armed = False
         self._ssl: ssl.SSLContext | None = None
         if tls is not None:
             self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -94,6 +98,11 @@ class TcpProxy:
                     await asyncio.sleep(delay)
                 await self._flowing.wait()
                 if dst.is_closing():
+                    return
+                if not to_server and self.reply_armed:  # the answer to what the server just applied: lost
+                    self.reply_armed = False
+                    self.stats["replies_dropped"] += 1
+                    self.cut()
                     return
                 fire, rest = False, b""
                 if to_server and self._cut_in is not None:
@@ -157,6 +166,10 @@ class TcpProxy:
         peer or a partition mid-request) until :meth:`release`."""
         self._cut_in, self._cut_rst, self._cut_hold = max(nbytes, 1), False, True
 
+    def drop_reply(self) -> None:
+        """Arm a lost answer: the next server→client bytes are dropped and every connection cut."""
+        self.reply_armed = True
+
     @property
     def armed(self) -> bool:
         """True while a :meth:`cut_after` or :meth:`stall_after` has not fired yet."""
@@ -190,3 +203,38 @@ class TcpProxy:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
+
+
+class SynBlackHole:
+    """A loopback address where TCP connections never complete: a listening socket whose accept
+    queue is full and never drained, so the kernel drops every further SYN (the client's
+    ``connect()`` hangs until its own timeout, as towards a host that vanished). Synchronous:
+    :meth:`start` blocks ~0.1 s (call it in a thread)."""
+
+    def __init__(self) -> None:
+        self._socks: list[socket.socket] = []
+        self.port = 0
+
+    def start(self) -> int:
+        """Listen and fill the accept queue; returns the port."""
+        listener = socket.socket()
+        self._socks.append(listener)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        self.port = listener.getsockname()[1]
+        for _ in range(8):  # the queue holds backlog + 1 on Linux; fill until a connect no longer completes
+            filler = socket.socket()
+            filler.settimeout(0.1)
+            try:
+                filler.connect(("127.0.0.1", self.port))
+            except OSError:
+                filler.close()
+                break
+            self._socks.append(filler)
+        return self.port
+
+    async def stop(self) -> None:
+        """Close every socket (idempotent)."""
+        for sock in self._socks:
+            sock.close()
+        self._socks.clear()

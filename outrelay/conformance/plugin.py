@@ -123,6 +123,7 @@ class ConformanceCollector:
         col = self.report.column(str(props[_PREFIX + "transport"]))
         col.label = str(props.get(_PREFIX + "transport_label") or col.label or props.get(_PREFIX + "transport_name"))
         col.transport_class = str(props.get(_PREFIX + "transport_class") or col.transport_class)
+        col.delivery = str(props.get(_PREFIX + "delivery") or col.delivery)
         if result is not None:
             self.report.record(col.key, str(check), result)
 

@@ -9,7 +9,9 @@ table::
     python -m outrelay.conformance.report merge a.json b.json -o report.md [--json all.json]
 
 Every check of the suite is listed, including checks that did not run
-(``not run``: deselected, or the run stopped early).
+(``not run``: deselected, or the run stopped early). Each transport's
+declared delivery semantics (``Capabilities.delivery``: ``at_least_once`` or
+``at_most_once``) heads its column, next to the verdicts.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ FORMAT = "outrelay-conformance/1"
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
 _CELL = {"passed": "pass", "failed": "FAIL", "skipped": "skip", "xfailed": "xfail", "xpassed": "XPASS"}
 NOT_RUN = "not run"
+DELIVERY_ROW = "(declared delivery)"
 
 
 @dataclasses.dataclass
@@ -47,6 +50,8 @@ class TransportResults:
     label: str = ""
     transport_class: str = ""
     results: dict[str, CheckResult] = dataclasses.field(default_factory=dict)
+    #: the declared ``Capabilities.delivery`` ("" when no check reported it)
+    delivery: str = ""
 
     @property
     def title(self) -> str:
@@ -105,6 +110,7 @@ class ConformanceReport:
                     "key": t.key,
                     "label": t.label,
                     "class": t.transport_class,
+                    "delivery": t.delivery,
                     "counts": t.counts(),
                     "results": {
                         n: dataclasses.asdict(t.results[n]) if n in t.results else {"outcome": NOT_RUN}
@@ -122,7 +128,7 @@ class ConformanceReport:
             raise ValueError(f"not an outrelay conformance report (expected format {FORMAT!r})")
         rep = cls(checks={c["name"]: c.get("description", "") for c in doc.get("checks", [])})
         for t in doc.get("transports", []):
-            col = TransportResults(t["key"], t.get("label", ""), t.get("class", ""))
+            col = TransportResults(t["key"], t.get("label", ""), t.get("class", ""), delivery=t.get("delivery", ""))
             for name, r in t.get("results", {}).items():
                 if r.get("outcome") != NOT_RUN:
                     col.results[name] = CheckResult(r["outcome"], r.get("reason", ""), r.get("duration", 0.0))
@@ -151,6 +157,8 @@ class ConformanceReport:
         notes: dict[str, int] = {}
         cols = list(self.transports.values())
         body = []
+        if any(t.delivery for t in cols):  # the declared semantics the verdicts below hold the transport to
+            body.append([DELIVERY_ROW, *(t.delivery.replace("_", "-") or NOT_RUN for t in cols)])
         for name in self.rows():
             row = [name]
             for t in cols:
@@ -177,7 +185,10 @@ class ConformanceReport:
         lines.append("|" + "---|" * len(head))
         lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in body]
         totals = ", ".join(
-            f"{t.title}: " + " ".join(f"{v} {k}" for k, v in t.counts().items() if v) for t in self.transports.values()
+            f"{t.title}: "
+            + " ".join(f"{v} {k}" for k, v in t.counts().items() if v)
+            + (f" (delivery {t.delivery.replace('_', '-')})" if t.delivery else "")
+            for t in self.transports.values()
         )
         lines += ["", f"Totals — {totals}" if totals else "No transport was tested."]
         if notes:

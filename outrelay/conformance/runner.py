@@ -36,7 +36,16 @@ ClassVar[Mapping[str, Any]]`` (e.g. ``{"bootstrap_servers": "127.0.0.1:1"}``);
 without either those checks skip with the reason. The fault checks (a TCP
 proxy that cuts, resets, stalls or black-holes the connection) need the
 names of the host and port options: ``endpoint=("host", "port")`` (CLI:
-``--endpoint host,port``) or ``conformance_endpoint_options: ClassVar[tuple[str, str]]``.
+``--endpoint host,port``) or ``conformance_endpoint_options: ClassVar[tuple[str, str]]``;
+for a transport configured by URL, the one option holding it
+(``--endpoint url``): the runner rewrites the URL's host and port to its proxy.
+
+Every other hook (forbidden credentials, a refused target, the secret, the
+binding, a late reader, declared limitations, code hooks) comes from a
+conformance config file (``conformance_config``, CLI ``--conformance-config``;
+see :mod:`outrelay.conformance._runner_hooks`). A class may declare the reader
+options of its late reader (the durability check) as
+``conformance_late_reader_options: ClassVar[Mapping[str, Any]]``.
 
 Cleanup. A transport class may define ``async def conformance_cleanup(self)
 -> None``: delete what was created under its configured target (a Redis
@@ -62,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import importlib.metadata as md
 import importlib.util
@@ -78,6 +88,7 @@ import pytest
 
 from outrelay.conformance import ConformanceTarget
 from outrelay.conformance._harness import EVENT_TYPE, SOURCE
+from outrelay.conformance._runner_hooks import RunnerHooks, endpoint_fields, hook_fields, load_hooks
 from outrelay.core.config import load_config
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError
@@ -271,13 +282,14 @@ def build_target(
     destination: str | None,
     *,
     isolate: bool | None = None,
-    read_timeout: float = 10.0,
-    timeout: float = 10.0,
+    read_timeout: float | None = None,
+    timeout: float | None = None,
     plugins: Sequence[str] = (),
     transport: str | None = None,
     options: Mapping[str, Any] | None = None,
     unreachable: Mapping[str, Any] | None = None,
-    endpoint: tuple[str, str] | None = None,
+    endpoint: tuple[str, ...] | None = None,
+    hooks: RunnerHooks | None = None,
 ) -> ConformanceTarget:
     """The :class:`ConformanceTarget` for a destination (see the module docstring).
 
@@ -285,11 +297,114 @@ def build_target(
     no config and ``transport``/``options`` inline (``transport`` defaults to the
     one transport ``plugins`` registered). ``unreachable`` overrides the class's
     ``conformance_unreachable_options``; ``endpoint`` (the names of the host and
-    port options) overrides ``conformance_endpoint_options`` and enables the
-    fault checks, which put a TCP proxy between transport and broker.
+    port options, or of one option holding a URL) overrides
+    ``conformance_endpoint_options`` and enables the fault checks, which put a
+    TCP proxy between transport and broker. ``hooks`` is a conformance config
+    file's content (:func:`~outrelay.conformance._runner_hooks.load_hooks`);
+    the arguments given here win over it. Timeouts default to 10 s.
 
     :raises ConfigError: no such destination, unknown transport, missing extra, invalid options, bad plugin.
     """
+    hooks = hooks or RunnerHooks()
+    read_timeout = read_timeout or hooks.read_timeout or 10.0
+    timeout = timeout or hooks.timeout or 10.0
+    isolate = False if isolate is False or hooks.isolate is False else None
+    kind, name, options, registry = _destination(config_path, destination, plugins, transport, options)
+    base = registry.create_transport(kind, options, destination=name)  # validates the options
+    cls = type(base)
+    option = target_option(cls)
+
+    def build(overrides: Mapping[str, Any]) -> Transport:
+        return registry.create_transport(kind, {**options, **overrides}, destination=name)
+
+    def per_check(target: str, overrides: Mapping[str, Any]) -> Transport:
+        assert option is not None
+        return build({option: _per_check_value(option, options.get(option), target), **overrides})
+
+    local = getattr(cls, "conformance_local_peer", None)
+    if local is not None and isolate is not False:
+        return _local_peer_target(name, kind, local(base.config), build, read_timeout, timeout)
+    cleanup = (
+        _class_hook(lambda t: per_check(t, {}), timeout, "conformance_cleanup")
+        if option is not None and hasattr(cls, "conformance_cleanup")
+        else None
+    )
+    why = _why_shared(isolate, option, kind, base) or asyncio.run(
+        _probe(lambda t: per_check(t, {}), read_timeout, timeout, cleanup)
+    )
+    why = why or ""
+    down = unreachable if unreachable is not None else hooks.unreachable
+    down = down if down is not None else getattr(cls, "conformance_unreachable_options", None)
+    mode = "per-check targets" if not why else f"configured target as is: {why}"
+    common: dict[str, Any] = {
+        "label": hooks.label or f"{name} ({kind}; {mode})",
+        "read_timeout": read_timeout,
+        "timeout": timeout,
+    }
+    late = getattr(cls, "conformance_late_reader_options", None)
+    if late is not None:
+        common["late_reader"] = lambda t, target: t.reader(target, **late)
+    foreign = hasattr(cls, "conformance_publish_foreign")
+    if why:
+        if foreign:
+            common["publish_foreign"] = _class_hook(lambda _target: build({}), timeout, "conformance_publish_foreign")
+        shared = lambda _target, overrides: build(overrides)  # noqa: E731
+        base_fields = {
+            "make_transport": lambda _target: build({}),
+            "make_unreachable": (lambda _target: build(dict(down))) if down is not None else None,
+            "isolated": False,
+        }
+        return _target(base_fields | common | hook_fields(hooks, shared, build, options))
+    fields: dict[str, Any] = {
+        "make_transport": lambda target: per_check(target, {}),
+        "make_unreachable": (lambda target: per_check(target, down)) if down is not None else None,
+        "cleanup": cleanup,
+        **common,
+    }
+    if foreign:
+        fields["publish_foreign"] = _class_hook(lambda t: per_check(t, {}), timeout, "conformance_publish_foreign")
+    names = endpoint or hooks.endpoint or _endpoint_names(getattr(cls, "conformance_endpoint_options", None))
+    if names:
+        defaults = {n: f.default for n, f in cls.Config.model_fields.items()}
+        fields |= endpoint_fields(names, options, defaults, per_check)
+    return _target(fields | hook_fields(hooks, per_check, build, options))  # the file's hooks win
+
+
+def _target(fields: Mapping[str, Any]) -> ConformanceTarget:
+    """:raises ConfigError: a field name ConformanceTarget does not have (from a config file's code hooks)."""
+    known = {f.name for f in dataclasses.fields(ConformanceTarget)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ConfigError(f"unknown ConformanceTarget field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return ConformanceTarget(**fields)
+
+
+def _endpoint_names(declared: Any) -> tuple[str, ...] | None:
+    """A class's ``conformance_endpoint_options``: ``("host", "port")``, ``("url",)`` or ``"url"``."""
+    if isinstance(declared, str):
+        return (declared,)
+    return tuple(declared) if declared else None
+
+
+def _why_shared(isolate: bool | None, option: str | None, kind: str, base: Transport) -> str:
+    """Why every check must use the configured target as is, before probing ("": probe)."""
+    if isolate is False:
+        return "per-check targets disabled"
+    if option is None:
+        return f"transport {kind!r} names no target option (conformance_target_option)"
+    if not base.capabilities.reader:
+        return "transport has no reader to probe a fresh target with"
+    return ""
+
+
+def _destination(
+    config_path: str | None,
+    destination: str | None,
+    plugins: Sequence[str],
+    transport: str | None,
+    options: Mapping[str, Any] | None,
+) -> tuple[str, str, dict[str, Any], Registry]:
+    """(transport kind, destination name, options, registry) of the destination to certify."""
     registry = Registry()
     loaded = [name for spec in plugins for name in load_plugin(spec, registry)]
     if config_path is not None:
@@ -300,84 +415,13 @@ def build_target(
         if dest is None:
             known = ", ".join(sorted(config.destinations)) or "none"
             raise ConfigError(f"no destination {destination!r} (defined: {known})", where=str(config_path))
-        kind, options = dest.transport, dict(dest.options)
-    else:
-        if transport is None and len(loaded) != 1:
-            raise ConfigError(
-                "without --config, name the transport: --plugin module:Class (one transport) or --transport NAME"
-            )
-        kind, options = transport or loaded[0], dict(options or {})
-        destination = destination or kind
-    name = destination
-    base = registry.create_transport(kind, options, destination=name)  # validates the options
-    cls = type(base)
-    option = target_option(cls)
-
-    def build(overrides: Mapping[str, Any]) -> Transport:
-        return registry.create_transport(kind, {**options, **overrides}, destination=name)
-
-    def isolated(target: str) -> Transport:
-        assert option is not None
-        return build({option: _per_check_value(option, options.get(option), target)})
-
-    local = getattr(cls, "conformance_local_peer", None)
-    if local is not None and isolate is not False:
-        return _local_peer_target(name, kind, local(base.config), build, read_timeout, timeout)
-    cleanup = (
-        _class_hook(isolated, timeout, "conformance_cleanup")
-        if option is not None and hasattr(cls, "conformance_cleanup")
-        else None
-    )
-    why = ""
-    if isolate is False:
-        why = "per-check targets disabled"
-    elif option is None:
-        why = f"transport {kind!r} names no target option (conformance_target_option)"
-    elif not base.capabilities.reader:
-        why = "transport has no reader to probe a fresh target with"
-    else:
-        why = asyncio.run(_probe(isolated, read_timeout, timeout, cleanup)) or ""
-    down: Mapping[str, Any] | None = (
-        unreachable if unreachable is not None else getattr(cls, "conformance_unreachable_options", None)
-    )
-    mode = "per-check targets" if not why else f"configured target as is: {why}"
-    common: dict[str, Any] = {
-        "label": f"{name} ({kind}; {mode})",
-        "read_timeout": read_timeout,
-        "timeout": timeout,
-    }
-    if not why:
-        unreachable_make = (
-            (lambda target: build({option: _per_check_value(option, options.get(option), target), **down}))
-            if down is not None and option is not None
-            else None
+        return dest.transport, destination, dict(dest.options), registry
+    if transport is None and len(loaded) != 1:
+        raise ConfigError(
+            "without --config, name the transport: --plugin module:Class (one transport) or --transport NAME"
         )
-        hp: tuple[str, str] | None = endpoint or getattr(cls, "conformance_endpoint_options", None)
-        faults: dict[str, Any] = {}
-        if hp is not None and option is not None:
-            host_opt, port_opt = hp
-            fields = cls.Config.model_fields
-            host = options.get(host_opt, fields[host_opt].default if host_opt in fields else None)
-            port = options.get(port_opt, fields[port_opt].default if port_opt in fields else None)
-            if host is None or port is None:
-                raise ConfigError(f"endpoint options {host_opt!r}/{port_opt!r} have no value for transport {kind!r}")
-            faults["upstream"] = lambda _target: (str(host), int(port))
-            faults["make_transport_via"] = lambda target, h, p: build(
-                {option: _per_check_value(option, options.get(option), target), host_opt: h, port_opt: p}
-            )
-        if hasattr(cls, "conformance_publish_foreign"):
-            faults["publish_foreign"] = _class_hook(isolated, timeout, "conformance_publish_foreign")
-        return ConformanceTarget(
-            make_transport=isolated, make_unreachable=unreachable_make, cleanup=cleanup, **faults, **common
-        )
-    if hasattr(cls, "conformance_publish_foreign"):
-        common["publish_foreign"] = _class_hook(lambda _target: build({}), timeout, "conformance_publish_foreign")
-    return ConformanceTarget(
-        make_transport=lambda _target: build({}),
-        make_unreachable=(lambda _target: build(dict(down))) if down is not None else None,
-        isolated=False,
-        **common,
-    )
+    kind = transport or loaded[0]
+    return kind, destination or kind, dict(options or {}), registry
 
 
 def _local_peer_target(
@@ -419,19 +463,22 @@ def run_conformance(
     report_md: str | None = None,
     extra_pytest_args: Sequence[str] = (),
     isolate: bool | None = None,
-    read_timeout: float = 10.0,
-    timeout: float = 10.0,
+    read_timeout: float | None = None,
+    timeout: float | None = None,
     plugins: Sequence[str] = (),
     transport: str | None = None,
     options: Mapping[str, Any] | None = None,
     unreachable: Mapping[str, Any] | None = None,
-    endpoint: tuple[str, str] | None = None,
+    endpoint: tuple[str, ...] | None = None,
+    conformance_config: str | None = None,
 ) -> int:
     """Run the suite against a destination (see :func:`build_target`); return pytest's exit code.
 
     ``isolate``: ``None`` probes for per-check targets, ``False`` always uses
-    the configured target. Runs in a temporary directory with an empty pytest
-    configuration, so the caller's pytest settings do not apply.
+    the configured target. ``conformance_config`` is a conformance config file
+    giving the test hooks (:mod:`~outrelay.conformance._runner_hooks`). Runs in a
+    temporary directory with an empty pytest configuration, so the caller's
+    pytest settings do not apply.
 
     :raises ConfigError: see :func:`build_target`.
     """
@@ -446,6 +493,7 @@ def run_conformance(
         options=options,
         unreachable=unreachable,
         endpoint=endpoint,
+        hooks=load_hooks(conformance_config) if conformance_config else None,
     )
     print(f"conformance: {target.label}", flush=True)  # says which peer and mode the checks run against
     with tempfile.TemporaryDirectory(prefix="outrelay-conformance-") as tmp:

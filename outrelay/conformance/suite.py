@@ -30,7 +30,9 @@ from outrelay.conformance import (
     _checks_faults,
     _checks_fidelity,
     _checks_flow,
+    _checks_inproc,
     _checks_lifecycle,
+    _checks_netfaults,
     _checks_robustness,
     _checks_security,
 )
@@ -50,6 +52,8 @@ _REGISTERED = (
     _checks_security,
     _checks_robustness,
     _checks_binding,
+    _checks_inproc,
+    _checks_netfaults,
 )
 
 
@@ -277,3 +281,32 @@ class ConformanceSuite(SubscriptionChecks):
         """The CloudEvents SDK's own binding (HTTP, Kafka or AMQP, as declared) decodes every raw message to the event
         that was sent: attributes, extensions and data."""
         run_check(conformance_target, "binding_sdk_decode", tmp_path, request.node)
+
+    # -- Inside the process, delivery semantics, and the v3 network faults --------------------------------------------
+
+    def test_cancel_mid_batch(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """A send cancelled mid-batch raises CancelledError, nothing it reported Delivered is missing, and the transport
+        is usable afterwards (or closed itself and opens again)."""
+        run_check(conformance_target, "cancel_mid_batch", tmp_path, request.node)
+
+    def test_instances_isolated(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Two instances, each for a target of its own, sending at once: every message lands in its own target only."""
+        run_check(conformance_target, "instances_isolated", tmp_path, request.node)
+
+    def test_batch_left_unchanged(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """send() leaves the caller's batch as it was: same list, same order, same messages and events."""
+        run_check(conformance_target, "batch_left_unchanged", tmp_path, request.node)
+
+    def test_durable_late_reader(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """With delivery = at_least_once, messages sent while no reader is attached are found by a reader attached
+        afterwards."""
+        run_check(conformance_target, "durable_late_reader", tmp_path, request.node)
+
+    def test_connect_black_hole(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """Where TCP connections never complete, open() and check() fail within the bound (a connect timeout)."""
+        run_check(conformance_target, "connect_black_hole", tmp_path, request.node)
+
+    def test_fault_reply_lost(self, conformance_target: CT, tmp_path: Path, request: Req) -> None:
+        """A reply lost after the broker applied the send: retryable results, resends succeed, with native_dedupe the
+        event is stored once."""
+        run_check(conformance_target, "fault_reply_lost", tmp_path, request.node)

@@ -21,9 +21,16 @@
     destinations = ["hooks"]
     on_exhausted = "dead-letter" # or "park"
 
+Without any ``[[routes]]``, every event goes to every destination. With
+routes, an event goes to the destinations of every route it matches; an event
+that matches none is delivered nowhere, and the relay logs it once per type and
+counts it (``outrelay status``, ``/metrics``, the run summary).
+
 Every error is a :class:`~outrelay.ConfigError` naming the file and key.
 Transport options are validated by the transport's own model when the
-destination is built (:meth:`Registry.create_transport`).
+destination is built (:meth:`Registry.create_transport`), addresses too (a
+port no socket can use); ``outrelay check --offline``, ``check`` and ``run``
+validate the whole config alike, before anything is created.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from outrelay.core.endpoints import endpoint_problem
 from outrelay.core.errors import ConfigError
 
 __all__ = [
@@ -233,6 +241,14 @@ class OutboxConfig(_Frozen):
         description="append refuses events whose data is larger (EventError); None: no limit",
     )
 
+    @field_validator("url")
+    @classmethod
+    def _url_port(cls, v: str) -> str:
+        problem = endpoint_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
 
 class RelayConfig(_Frozen):
     poll_interval: float = Field(0.5, gt=0, le=60)
@@ -270,6 +286,14 @@ class BusConfig(_Frozen):
     destination: str | None = None
     dead_letters: str | None = None
     claim_timeout: float = Field(30.0, ge=0.5, le=3600)
+
+    @field_validator("dead_letters")
+    @classmethod
+    def _url_port(cls, v: str | None) -> str | None:
+        problem = endpoint_problem(v) if v else None
+        if problem:
+            raise ValueError(problem)
+        return v
 
 
 class EventLogConfig(_Frozen):
@@ -486,12 +510,20 @@ def default_config_path() -> Path:
 def load_config(path: str | os.PathLike[str] | None = None) -> OutrelayConfig:
     """Read, interpolate and validate a config file.
 
-    :raises ConfigError: missing file, TOML syntax error (with line), unset
-        variable, or invalid value — one line naming file and key.
+    :raises ConfigError: missing file, text that is not UTF-8, TOML syntax error (with
+        line), unset variable, or invalid value (a URL's port out of range included) —
+        one line naming file and key.
     """
     p = Path(path) if path is not None else default_config_path()
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_bytes().decode("utf-8-sig")  # a byte-order mark some editors write is fine
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} on line {line} (offset {exc.start}); "
+            "save the file as UTF-8",
+            where=str(p),
+        ) from None
     except FileNotFoundError:
         raise ConfigError(
             "config file not found; pass --config FILE, set OUTRELAY_CONFIG, or run `outrelay demo` for an example",

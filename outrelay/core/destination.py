@@ -83,13 +83,17 @@ class DestinationWorker:
 
     def _failing(self, error: str) -> None:
         """Log the first failure after success as one WARNING; later ones at DEBUG."""
+        fields = {"destination": self.name, "error": error}
         if self._outage is None:
             self._outage_since = time.monotonic()
             log.warning(
-                "destination %s failing: %s (retrying with backoff; logged again on recovery)", self.name, error
+                "destination %s failing: %s (retrying with backoff; logged again on recovery)",
+                self.name,
+                error,
+                extra=fields,
             )
         else:
-            log.debug("destination %s still failing: %s", self.name, error)
+            log.debug("destination %s still failing: %s", self.name, error, extra=fields)
         self._outage = error
 
     def outage_seconds(self) -> float | None:
@@ -117,6 +121,7 @@ class DestinationWorker:
                 self.name,
                 time.monotonic() - self._outage_since,
                 self._outage,
+                extra={"destination": self.name, "error": self._outage},
             )
             self._outage = None
 
@@ -139,7 +144,13 @@ class DestinationWorker:
                 store_delay = 0.5
             except StoreError as exc:  # database down or locked: wait and try again, nothing is lost
                 self.last_error = str(exc)
-                log.warning("destination %s: outbox unavailable (%s); retrying in %.1fs", self.name, exc, store_delay)
+                log.warning(
+                    "destination %s: outbox unavailable (%s); retrying in %.1fs",
+                    self.name,
+                    exc,
+                    store_delay,
+                    extra={"destination": self.name, "error": str(exc)},
+                )
                 await self._sleep(store_delay)
                 store_delay = min(store_delay * 2, 30.0)
 
@@ -218,6 +229,8 @@ class DestinationWorker:
                 self.blocked_until = 0.0
                 self.failing_since = None
                 self._recovered()
+                # `outrelay status` shows a destination whose open failed as failing until it opens
+                await self.relay.db(self.relay.store.record_error, self.name, None, time.time())
                 return
             except Exception as exc:  # the broker may be down: keep trying
                 msg = _describe(exc)
@@ -266,7 +279,12 @@ class DestinationWorker:
             if pending:
                 _, stuck = await asyncio.wait(pending, timeout=bound)
                 if stuck:
-                    log.warning("destination %s: %d batch(es) ignored cancellation; abandoned", self.name, len(stuck))
+                    log.warning(
+                        "destination %s: %d batch(es) ignored cancellation; abandoned",
+                        self.name,
+                        len(stuck),
+                        extra={"destination": self.name},
+                    )
 
     def stop_sending(self) -> None:
         """The relay is stopping: sends in flight start no further message (what is
@@ -341,7 +359,11 @@ class DestinationWorker:
                     self.blocked_until = max(self.blocked_until, pause)
             if disable is not None:
                 log.error(
-                    "destination %s disabled: %s; re-enable with `outrelay enable %s`", self.name, disable, self.name
+                    "destination %s disabled: %s; re-enable with `outrelay enable %s`",
+                    self.name,
+                    disable,
+                    self.name,
+                    extra={"destination": self.name, "error": disable},
                 )
                 await self.relay.db(self.relay.store.set_disabled, self.name, disable, now)
             if self.breaker is not None and self.breaker.dirty:
@@ -382,6 +404,7 @@ class DestinationWorker:
                 self.name,
                 len(claimed),
                 exc,
+                extra={"destination": self.name, "error": str(exc)},
             )
         finally:
             if probe and self.breaker is not None:
@@ -443,6 +466,7 @@ class DestinationWorker:
                 "destination %s: an attempt ran out of attempt_timeout; %d event(s) per stream per batch now",
                 self.name,
                 self.per_lane,
+                extra={"destination": self.name},
             )
         elif not timed_out and not failures and self.per_lane < self.max_per_lane:
             self.per_lane += 1
@@ -458,7 +482,13 @@ class DestinationWorker:
             except StoreError as exc:
                 if self.relay.stopping:
                     raise
-                log.warning("destination %s: cannot settle a batch (%s); retrying in %.1fs", self.name, exc, delay)
+                log.warning(
+                    "destination %s: cannot settle a batch (%s); retrying in %.1fs",
+                    self.name,
+                    exc,
+                    delay,
+                    extra={"destination": self.name, "error": str(exc)},
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
@@ -484,7 +514,11 @@ class DestinationWorker:
                     results = await self.transport.send(messages)
         except TimeoutError:
             if not deadline.expired():  # the transport's own TimeoutError escaped: a transport bug
-                log.exception("destination %s: transport raised TimeoutError (a transport bug)", self.name)
+                log.exception(
+                    "destination %s: transport raised TimeoutError (a transport bug)",
+                    self.name,
+                    extra={"destination": self.name},
+                )
                 failure = RetryLater(f"unexpected TimeoutError from transport {self.transport.name!r}")
                 return progress.cut(messages, failure), False
             failure = RetryLater(
@@ -500,11 +534,22 @@ class DestinationWorker:
         except UsageError as exc:
             return progress.cut(messages, RetryLater(f"transport not usable: {exc}")), False
         except Exception as exc:  # a transport bug must not lose events
-            log.exception("destination %s: transport raised %s (a transport bug)", self.name, type(exc).__name__)
+            log.exception(
+                "destination %s: transport raised %s (a transport bug)",
+                self.name,
+                type(exc).__name__,
+                extra={"destination": self.name},
+            )
             failure = RetryLater(f"unexpected {type(exc).__name__} from transport {self.transport.name!r}")
             return progress.cut(messages, failure), False
         if len(results) != n:
-            log.error("destination %s: transport returned %d results for %d messages", self.name, len(results), n)
+            log.error(
+                "destination %s: transport returned %d results for %d messages",
+                self.name,
+                len(results),
+                n,
+                extra={"destination": self.name},
+            )
             return progress.cut(messages, RetryLater("transport returned a wrong number of results")), False
         return results, False
 
@@ -573,6 +618,15 @@ class DestinationWorker:
                 stream,
                 "parked" if kind == "park" else "dead-lettered",
                 reason,
+                extra={
+                    "destination": self.name,
+                    "event_id": c.event.id,
+                    "stream": stream,
+                    "event_type": c.event.type,
+                    "tenant": c.event.tenant,
+                    "error": reason,
+                    "attempts": attempts,
+                },
             )
             out.append(Settlement(c.delivery_id, stream, kind, attempts, now, reason))
         return out, disable

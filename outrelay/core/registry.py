@@ -3,8 +3,12 @@
 Plugins come from the ``outrelay`` entry-point group; outrelay's own
 transports are listed there exactly like a third party's. Setting
 ``OUTRELAY_DISABLE_PLUGIN_AUTOLOAD=1`` loads only the built-ins
-(:data:`DEFAULT_PLUGINS`). After loading, ``check_pending()`` turns a
-misspelt hook in a plugin into an error instead of silence.
+(:data:`DEFAULT_PLUGINS`). ``OUTRELAY_PLUGINS`` names more plugin modules,
+comma-separated (``myapp.upcasters,myapp.hooks``), loaded in every process
+that builds a registry — the CLI included — without packaging them with an
+entry point (it is read even with autoloading disabled). After loading,
+``check_pending()`` turns a misspelt hook in a plugin into an error instead
+of silence.
 """
 
 from __future__ import annotations
@@ -20,12 +24,22 @@ import pluggy
 from pydantic import ValidationError
 
 from outrelay.core import hookspecs
+from outrelay.core.endpoints import check_options
 from outrelay.core.errors import ConfigError, MissingExtraError, UnknownTransportError
 from outrelay.core.transport import Transport
 
-__all__ = ["DEFAULT_PLUGINS", "ENTRY_POINT_GROUP", "Registry", "TransportSpec", "format_validation_error"]
+__all__ = [
+    "DEFAULT_PLUGINS",
+    "ENTRY_POINT_GROUP",
+    "PLUGINS_ENV",
+    "Registry",
+    "TransportSpec",
+    "format_validation_error",
+]
 
 ENTRY_POINT_GROUP = "outrelay"
+#: environment variable naming more plugin modules to load (comma-separated import paths)
+PLUGINS_ENV = "OUTRELAY_PLUGINS"
 DEFAULT_PLUGINS = (
     "outrelay.transports.memory",
     "outrelay.transports.file",
@@ -102,6 +116,7 @@ class Registry:
             autoload = not os.environ.get("OUTRELAY_DISABLE_PLUGIN_AUTOLOAD")
         if autoload:
             self._load_entry_points()
+        self._load_named(os.environ.get(PLUGINS_ENV, ""))
         for name in DEFAULT_PLUGINS:
             if self.pm.get_plugin(name) is None:
                 self.pm.register(importlib.import_module(name), name=name)
@@ -127,6 +142,20 @@ class Registry:
             dist = getattr(ep, "dist", None)
             if dist is not None:
                 self._dists[ep.value] = f"{dist.name} {dist.version}"
+
+    def _load_named(self, names: str) -> None:
+        """Register the modules ``names`` lists (``OUTRELAY_PLUGINS``), each once."""
+        for name in (n.strip() for n in names.split(",")):
+            if not name or self.pm.get_plugin(name) is not None:
+                continue
+            try:
+                module = importlib.import_module(name)
+            except Exception as exc:  # a typo in the variable must be named, not ignored
+                raise ConfigError(
+                    f"{PLUGINS_ENV} names {name!r}, which failed to import ({type(exc).__name__}: {exc}); "
+                    "fix the module path or the module"
+                ) from None
+            self.pm.register(module, name=name)
 
     def _origin_of(self, plugin_name: str) -> str:
         if plugin_name in self._dists:
@@ -171,15 +200,21 @@ class Registry:
             ) from None
 
     def create_transport(self, name: str, options: Mapping[str, Any], *, destination: str) -> Transport:
-        """Validate ``options`` with the transport's config model and build it.
+        """Validate ``options`` with the transport's config model, and every address in them
+        (:func:`~outrelay.core.endpoints.check_options`: a port no socket can use), and build it.
 
         :raises ConfigError: unknown transport, missing extra or invalid options.
         """
-        cls = self.transport_spec(name).load()
+        where = f"destinations.{destination}"
+        try:
+            cls = self.transport_spec(name).load()
+        except ConfigError as exc:  # unknown transport, missing extra: say which destination names it
+            raise type(exc)(str(exc), where=where) from None
         try:
             config = cls.Config.model_validate(dict(options))
         except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc), where=f"destinations.{destination}") from None
+            raise ConfigError(format_validation_error(exc), where=where) from None
+        check_options(options, where=where)
         return cls(config, destination=destination)
 
 

@@ -50,6 +50,7 @@ from outrelay.core.registry import Registry
 from outrelay.core.routing import Router
 from outrelay.core.stores.base import Claimed, DestinationStatus
 from outrelay.core.transport import Transport
+from outrelay.core.unrouted import UnroutedReport
 
 __all__ = ["Relay", "RunSummary", "build_transports"]
 
@@ -62,11 +63,13 @@ STOP_STEP = 1.0
 
 @dataclasses.dataclass(frozen=True)
 class RunSummary:
-    """What a run did; ``remaining`` counts deliveries still pending."""
+    """What a run did; ``remaining`` counts deliveries still pending; ``unrouted`` counts, per
+    reason, the events no destination matched (see :mod:`outrelay.core.unrouted`)."""
 
     counts: dict[str, dict[str, int]]
     status: list[DestinationStatus]
     elapsed: float
+    unrouted: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def remaining(self) -> int:
@@ -136,6 +139,8 @@ class Relay:
         self.router = Router(
             self.config.routes, built, {n: d.tenants for n, d in self.config.destinations.items() if d.tenants}
         )
+        #: events that matched no destination: logged once per type, counted, recorded for `status`
+        self.unrouted_report = UnroutedReport(self.router, self.outbox.url, self.db)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         #: the audit chain this relay records in (``[audit] enabled``), else None
         self.audit = audit.enable(self.store, self.config, f"relay:{self.owner}") if self.config.audit.enabled else None
@@ -246,6 +251,7 @@ class Relay:
         if not count:
             return
         self.hook.outrelay_routed(count=count, started=started, finished=time.time())
+        self.unrouted_report.note()
         for w in self.workers.values():
             w.wake.set()
         if count >= self.config.relay.route_batch and self._route_wake is not None:
@@ -328,6 +334,7 @@ class Relay:
             await asyncio.gather(*(self._close_transport(w) for w in self.workers.values()))
             unsubscribe()
             unlisten()
+            await _bounded(self.unrouted_report.close(), "recording unrouted events")
             clean = await _bounded(self._release(), "releasing leases")
             if clean:
                 with contextlib.suppress(StoreError):  # the summary then lacks pending counts; nothing else
@@ -339,19 +346,27 @@ class Relay:
                 self.outbox.close()
             gc.set_threshold(*gc_before)
             self._running = False
-        return RunSummary({n: dict(w.counts) for n, w in self.workers.items()}, status, time.monotonic() - started)
+        counts = {n: dict(w.counts) for n, w in self.workers.items()}
+        return RunSummary(counts, status, time.monotonic() - started, self.unrouted_report.by_reason())
 
     async def _close_transport(self, w: DestinationWorker) -> None:
         try:
             await _bounded(w.transport.close(), f"closing destination {w.name}")
         except Exception as exc:
-            log.warning("destination %s: close failed: %s", w.name, type(exc).__name__)
+            log.warning(
+                "destination %s: close failed: %s",
+                w.name,
+                type(exc).__name__,
+                extra={"destination": w.name, "error": type(exc).__name__},
+            )
 
     async def _release(self) -> None:
         try:
             await self.db(self.store.release_relay, self.owner)
         except StoreError as exc:  # the leases expire by themselves; the next relay takes over then
-            log.warning("could not release leases (%s); they expire after relay.lease_seconds", exc)
+            log.warning(
+                "could not release leases (%s); they expire after relay.lease_seconds", exc, extra={"error": str(exc)}
+            )
 
     # -- internal loops ------------------------------------------------------------
 
@@ -371,7 +386,9 @@ class Relay:
                 n = await self.db(self.store.route, route, cfg.route_batch, started) if routing else 0
                 store_delay = 0.5
             except StoreError as exc:  # database down or locked: wait and try again, nothing is lost
-                log.warning("router: outbox unavailable (%s); retrying in %.1fs", exc, store_delay)
+                log.warning(
+                    "router: outbox unavailable (%s); retrying in %.1fs", exc, store_delay, extra={"error": str(exc)}
+                )
                 n = 0
                 await asyncio.sleep(store_delay)
                 store_delay = min(store_delay * 2, 30.0)
@@ -396,7 +413,7 @@ class Relay:
             try:
                 await self.db(self.store.renew_leases, self.owner, lease, time.time())
             except StoreError as exc:  # try again next time; the lease has two more thirds to go
-                log.warning("could not renew leases (%s); retrying in %.1fs", exc, lease / 3)
+                log.warning("could not renew leases (%s); retrying in %.1fs", exc, lease / 3, extra={"error": str(exc)})
 
     async def _retention_loop(self) -> None:
         """Prune delivered history every :attr:`retention_interval` seconds, one
@@ -416,7 +433,9 @@ class Relay:
                         break
                     await asyncio.sleep(0.01)  # let the router's and destinations' store calls in
             except StoreError as exc:  # history can wait for the next round; delivery must not stop for it
-                log.warning("retention: pruning failed (%s); retrying in %.0fs", exc, interval)
+                log.warning(
+                    "retention: pruning failed (%s); retrying in %.0fs", exc, interval, extra={"error": str(exc)}
+                )
             if removed:
                 log.info(
                     "retention: removed %d delivered events (older than %s days / beyond %s per stream)",

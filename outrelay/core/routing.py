@@ -8,17 +8,30 @@ present. With no routes configured, every event goes to every destination.
 A destination that declares ``tenants`` (``DestinationConfig.tenants``) receives
 only those tenants' events, whatever the routes say; the stores' static routing
 (no decoding) is then off, since the decision depends on each event's tenant.
+
+An event for which the router finds no destination is *unrouted*: it is
+delivered nowhere. The router counts such events per reason and type
+(:data:`UNROUTED_REASONS`); :meth:`Router.take_unrouted` hands the counts to
+the relay, which logs and records them (:mod:`outrelay.core.unrouted`).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 
 from outrelay.core.config import RouteConfig
 from outrelay.core.envelope import Event
 
-__all__ = ["Router"]
+__all__ = ["UNROUTED_REASONS", "Router"]
+
+#: why an event went nowhere, by the reason's key (a label of ``outrelay_unrouted_events_total``)
+UNROUTED_REASONS = {
+    "no_route": "no [[routes]] entry matches it",
+    "tenant": "every destination its routes name serves other tenants only (destinations.NAME.tenants)",
+}
 
 
 class Router:
@@ -38,6 +51,10 @@ class Router:
         #: stores may then skip decoding events
         static = not self.routes and not self.tenants
         self.static_destinations: tuple[str, ...] | None = self.destinations if static else None
+        # (reason, type) -> unrouted events since the last take_unrouted(); the stores call the
+        # router from a worker thread while the relay's loop takes the counts
+        self._unrouted: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
 
     def __call__(self, event: Event) -> list[str]:
         return self.destinations_for(event)
@@ -55,7 +72,8 @@ class Router:
         return all(t in event.tags for t in route.tags)
 
     def destinations_for(self, event: Event) -> list[str]:
-        """Destination names for ``event``, each once, in config order."""
+        """Destination names for ``event``, each once, in config order (empty: the event is
+        unrouted, and counted)."""
         if not self.routes:
             out = list(self.destinations)
         else:
@@ -63,10 +81,26 @@ class Router:
             for route in self.routes:
                 if self.matches(route, event):
                     out.extend(d for d in route.destinations if d not in out)
-        if self.tenants:
+        if not out:
+            self._count_unrouted("no_route", event.type)
+        elif self.tenants:
             tenant = event.tenant
             out = [d for d in out if (allowed := self.tenants.get(d)) is None or tenant in allowed]
+            if not out:
+                self._count_unrouted("tenant", event.type)
         return out
+
+    def _count_unrouted(self, reason: str, type_: str) -> None:
+        with self._lock:
+            self._unrouted[(reason, type_)] += 1
+
+    def take_unrouted(self) -> dict[tuple[str, str], int]:
+        """The unrouted events counted since the last call, by ``(reason, type)``; resets them.
+        (A routing transaction that failed and ran again counts its unrouted events twice.)"""
+        with self._lock:
+            taken = dict(self._unrouted)
+            self._unrouted.clear()
+        return taken
 
     def parks(self, event: Event, destination: str) -> bool:
         """True when a matching route to ``destination`` says ``on_exhausted = "park"``."""

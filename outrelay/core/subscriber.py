@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import inspect
 import logging
 import time
@@ -66,6 +67,17 @@ class SubscriptionStats:
     dead_lettered: int = 0
     parked: int = 0
     replayed: int = 0
+    #: the ``time`` of the last event handled, and when (Unix seconds) its handler returned
+    last_event_time: datetime.datetime | None = None
+    last_handled_at: float = 0.0
+
+    @property
+    def lag_seconds(self) -> float:
+        """Seconds from the last handled event's ``time`` (set at append) to when it was handled: how
+        far behind the producers this consumer was (0 before the first event)."""
+        if self.last_event_time is None:
+            return 0.0
+        return max(0.0, self.last_handled_at - self.last_event_time.timestamp())
 
 
 class Subscription:
@@ -239,6 +251,7 @@ class Subscription:
                                     break
                             else:
                                 self.stats.handled += 1
+                                self.stats.last_event_time, self.stats.last_handled_at = event.time, time.time()
                                 if not self._ack_nowait(m):
                                     await self._ack_awaited(m)
                     except OutrelayError as exc:  # the dead-letter database failed: nothing was acked
@@ -329,6 +342,7 @@ class Subscription:
         unacked when stopping cut its attempts short, else dead-letter it (:meth:`_give_up`)."""
         if outcome is None:
             self.stats.handled += 1
+            self.stats.last_event_time, self.stats.last_handled_at = event.time, time.time()
             await self._ack(m)
             return True
         if self._stopping and outcome[1] < self._max_attempts:

@@ -104,6 +104,9 @@ class Capabilities:
     #: the transport offers subscriptions (consumer groups and fan-out) through
     #: :meth:`Transport.subscription` (see :mod:`outrelay.core.subscription`)
     subscriptions: bool = False
+    #: ``"at_least_once"``: Delivered means stored, a consumer attaching later still gets it; ``"at_most_once"``:
+    #: only consumers attached at send time get it, nothing is kept (Redis Pub/Sub, MQTT without sessions)
+    delivery: str = "at_least_once"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -10,15 +10,22 @@ Relay metrics (all labelled by ``destination``)::
 
     outrelay_published_total          messages the broker confirmed
     outrelay_duplicates_total         ... of which the broker reported as duplicates
-    outrelay_failed_total{outcome}    retry | rejected
+    outrelay_failed_total{outcome}    retry | rejected: sends that failed (a message held back,
+                                      unsent, behind a failed one of its stream is not counted)
     outrelay_batch_seconds            histogram of send() durations
     outrelay_delivery_latency_seconds histogram, per confirmed message: event time -> broker ack
     outrelay_pending                  deliveries not yet done (queue depth)
     outrelay_dead_letters             dead letters waiting for an operator
     outrelay_oldest_pending_seconds   age of the oldest pending delivery
     outrelay_disabled                 1 when the destination is disabled
+
+    outrelay_failing_seconds          seconds failing (sends or opening) without one success; 0: healthy
     outrelay_breaker_open             1 while the destination's circuit breaker is open (this process's)
     outrelay_breaker_transitions_total{state}  the breaker opened | closed
+
+and, unlabelled by destination, ``outrelay_unrouted_events_total{reason}``: events no
+destination matched (``no_route``, ``tenant``), counted by this relay process
+(:mod:`outrelay.core.unrouted`).
 
 ``outrelay_delivery_latency_seconds`` starts at the event's ``time``: the
 envelope time, set when the application created the event just before
@@ -32,6 +39,7 @@ Subscriber and replay metrics (present once there is something to report)::
     outrelay_consumed_total{consumer,outcome}   handled | skipped | dead_lettered | parked,
                                                  of subscriptions given to :meth:`Metrics.watch`
     outrelay_consumer_retries_total{consumer}   handler attempts that raised and were retried
+    outrelay_consumer_lag_seconds{consumer}     the last handled event's age when it was handled
     outrelay_replays_total                      replays (folds) run in this process
     outrelay_replayed_events_total              events those replays folded
 
@@ -45,21 +53,24 @@ import asyncio
 import bisect
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.replay import replay_counts
+from outrelay.core.routing import UNROUTED_REASONS
 from outrelay.core.stores.base import DestinationStatus
-from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult
+from outrelay.core.transport import Delivered, Message, NotSent, Rejected, RetryLater, SendResult
 from outrelay.plugins.health import Health
 
-__all__ = ["Metrics", "serve_metrics"]
+__all__ = ["Metrics", "serve_metrics", "was_not_sent"]
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: delivery latency reaches further: retries back off for minutes
 _LATENCY_BUCKETS = (*_BUCKETS, 30.0, 60.0, 300.0, 1800.0, 3600.0)
 _CONSUMED = ("handled", "skipped", "dead_lettered", "parked")
+#: how transports not yet moved to NotSent begin the error of a message they held back (see was_not_sent)
+_NOT_SENT = ("not sent", "held back", "an earlier message with this")
 
 
 class Metrics:
@@ -97,7 +108,8 @@ class Metrics:
                 latency[bisect.bisect_left(_LATENCY_BUCKETS, seconds)] += 1
                 lat_sum += seconds
             elif isinstance(r, RetryLater):
-                self.failed[(destination, "retry")] += 1
+                if not was_not_sent(r):  # held back behind a failed one of its stream: never attempted
+                    self.failed[(destination, "retry")] += 1
             elif isinstance(r, Rejected):
                 self.failed[(destination, "rejected")] += 1
         self.latency_sum[destination] += lat_sum
@@ -126,8 +138,15 @@ class Metrics:
                 self._subscriptions.setdefault(id(sub), sub)
         return sorted(self._subscriptions.values(), key=lambda s: s.consumer)
 
-    def render(self, status: Sequence[DestinationStatus]) -> str:
-        """The Prometheus text exposition of counters plus ``status`` gauges."""
+    def render(
+        self,
+        status: Sequence[DestinationStatus],
+        unrouted: Mapping[str, int] | None = None,
+        failing: Mapping[str, float] | None = None,
+    ) -> str:
+        """The Prometheus text exposition of counters plus ``status`` gauges; a relay also gives its
+        ``unrouted`` events per reason (``outrelay_unrouted_events_total``) and, per destination, the
+        seconds it has been ``failing`` without one success (``outrelay_failing_seconds``, 0: healthy)."""
         out: list[str] = []
 
         def family(name: str, kind: str, help_: str) -> None:
@@ -168,6 +187,18 @@ class Metrics:
             family(name, "gauge", help_)
             for s in status:
                 out.append(f'{name}{{destination="{s.destination}"}} {get(s):g}')
+        if failing is not None:
+            family(
+                "outrelay_failing_seconds",
+                "gauge",
+                "Seconds a destination has been failing (deliveries or opening) without one success; 0 when healthy.",
+            )
+            for d, seconds in sorted(failing.items()):
+                out.append(f'outrelay_failing_seconds{{destination="{d}"}} {seconds:.3f}')
+        if unrouted is not None:
+            family("outrelay_unrouted_events_total", "counter", "Events no destination matched (delivered nowhere).")
+            for reason in sorted({*UNROUTED_REASONS, *unrouted}):
+                out.append(f'outrelay_unrouted_events_total{{reason="{_escape(reason)}"}} {unrouted.get(reason, 0)}')
         family("outrelay_breaker_open", "gauge", "1 while the destination's circuit breaker is open.")
         for s in status:
             out.append(
@@ -181,16 +212,25 @@ class Metrics:
         if consumers:
             totals: dict[tuple[str, str], int] = defaultdict(int)
             retries: dict[str, int] = defaultdict(int)
+            lag: dict[str, float] = defaultdict(float)
             for sub in consumers:
                 for outcome in _CONSUMED:
                     totals[(sub.consumer, outcome)] += getattr(sub.stats, outcome)
                 retries[sub.consumer] += sub.stats.retries
+                lag[sub.consumer] = max(lag[sub.consumer], sub.stats.lag_seconds)
             family("outrelay_consumed_total", "counter", "Events a subscription took off the broker, by outcome.")
             for (c, outcome), v in totals.items():
                 out.append(f'outrelay_consumed_total{{consumer="{_escape(c)}",outcome="{outcome}"}} {v}')
             family("outrelay_consumer_retries_total", "counter", "Handler attempts that raised and were retried.")
             for c, v in retries.items():
                 out.append(f'outrelay_consumer_retries_total{{consumer="{_escape(c)}"}} {v}')
+            family(
+                "outrelay_consumer_lag_seconds",
+                "gauge",
+                "Seconds from the last handled event's time (set at append) to when it was handled.",
+            )
+            for c, seconds in lag.items():
+                out.append(f'outrelay_consumer_lag_seconds{{consumer="{_escape(c)}"}} {seconds:.3f}')
         replays = replay_counts()
         if replays.folds:
             family("outrelay_replays_total", "counter", "Replays (folds of a stream's history) run in this process.")
@@ -198,6 +238,17 @@ class Metrics:
             family("outrelay_replayed_events_total", "counter", "Events folded by those replays.")
             out.append(f"outrelay_replayed_events_total {replays.events}")
         return "\n".join(out) + "\n"
+
+
+def was_not_sent(result: SendResult) -> bool:
+    """Whether ``result`` reports a message that was never attempted (:class:`NotSent`: held back
+    behind a failed message of its stream, or not started before a deadline or a stop), so that a
+    send that failed once is counted once, not once per message behind it. Transports not yet moved
+    to :class:`NotSent` say so with a :class:`RetryLater` whose error starts with "not sent", "held
+    back" or "an earlier message with this"; those are recognised too."""
+    if isinstance(result, NotSent):
+        return True
+    return isinstance(result, RetryLater) and result.error.startswith(_NOT_SENT)
 
 
 def _escape(value: str) -> str:
@@ -242,7 +293,10 @@ async def serve_metrics(
             path = line.split(b" ")[1:2]
             if path == [b"/metrics"]:
                 status = await relay.db(relay.store.status, list(relay.transports), time.time()) if relay else []
-                body, code = metrics.render(status).encode(), b"200 OK"
+                report = getattr(relay, "unrouted_report", None)
+                unrouted = report.by_reason() if report is not None else None
+                failing = {n: w.outage_seconds() or 0.0 for n, w in getattr(relay, "workers", {}).items()}
+                body, code = metrics.render(status, unrouted, failing if relay else None).encode(), b"200 OK"
             elif path == [b"/healthz"] or (path == [b"/readyz"] and health is None):
                 body, code = b"ok\n", b"200 OK"
             elif path == [b"/readyz"] and health is not None:

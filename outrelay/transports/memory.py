@@ -108,6 +108,7 @@ class MemoryTransport(LifecycleTransport):
     conformance_unsupported: ClassVar[Mapping[str, str]] = {
         "processes": "an in-process broker: members in other processes cannot reach it"
     }
+    conformance_late_reader_options: ClassVar[Mapping[str, Any] | None] = {"from_beginning": True}
     _brokers: ClassVar[dict[str, MemoryBroker]] = {}
 
     def __init__(self, config: MemoryConfig | None = None, *, destination: str = "memory") -> None:
@@ -187,7 +188,8 @@ class MemoryTransport(LifecycleTransport):
         )
 
     def reader(self, target: str, **options: Any) -> Reader:
-        return MemoryReader(self.broker(self.cfg.broker), target)
+        """A reader of ``target`` (option ``from_beginning``: every message the broker kept, not only new ones)."""
+        return MemoryReader(self.broker(self.cfg.broker), target, from_beginning=bool(options.get("from_beginning")))
 
     def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
         """The in-process bus (see :mod:`outrelay.transports._memory_bus`)."""
@@ -195,16 +197,17 @@ class MemoryTransport(LifecycleTransport):
 
 
 class MemoryReader(Reader):
-    """Reads messages published to one target after :meth:`start`."""
+    """Reads messages published to one target after :meth:`start` (``from_beginning``: all of them)."""
 
-    def __init__(self, broker: MemoryBroker, target: str) -> None:
+    def __init__(self, broker: MemoryBroker, target: str, *, from_beginning: bool = False) -> None:
         self.broker = broker
         self.target = target
+        self.from_beginning = from_beginning
         self._pos = 0
         self._event = asyncio.Event()
 
     async def start(self) -> None:
-        self._pos = len(self.broker.messages[self.target])
+        self._pos = 0 if self.from_beginning else len(self.broker.messages[self.target])
         self.broker.waiters.append(self._event)
 
     async def read(self, count: int, timeout: float) -> list[Received]:

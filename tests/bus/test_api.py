@@ -276,13 +276,13 @@ class TestCli:
 
         out = run("dlq", "list", "--consumer", "all")
         assert out.returncode == 0 and "billing" in out.stdout and "ValueError: boom" in out.stdout, out
-        out = run("dlq", "show", str(dl), "--consumer")
+        out = run("dlq", "show", str(dl), "--consumer", "billing")
         assert out.returncode == 0 and e.id in out.stdout and '"consumer": "billing"' in out.stdout, out
         out = run("dlq", "replay", "--consumer", "billing", "--all")
         assert out.returncode == 0 and "queued 1 consumer dead letter" in out.stdout, out
         out = run("dlq", "purge", "--consumer", "billing", "--all", "--yes")
         assert out.returncode == 0 and "purged 0" in out.stdout, out  # queued ones are not purged
-        out = run("dlq", "show", "999", "--consumer")
+        out = run("dlq", "show", "999", "--consumer", "all")
         assert out.returncode == 1 and "no consumer dead letter with id 999" in out.stderr, out
 
     def test_tail_prints_matching_events(self, tmp_path: Path, redis_url: str) -> None:

@@ -30,7 +30,7 @@ def test_empty_config_is_refused_like_run(cli: Cli, tmp_path: Path) -> None:
 
 def test_offline_connects_to_nothing(cli: Cli, tmp_path: Path) -> None:
     """`check --offline` validates options of an unreachable destination without probing it or creating the
-    outbox; an invalid option still fails."""
+    outbox; an invalid option is a config error (exit 2), as `run` says."""
     (tmp_path / "outrelay.toml").write_text(HOOK.replace("{port}", str(free_port())))
     proc = cli("check", "--offline")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -40,7 +40,7 @@ def test_offline_connects_to_nothing(cli: Cli, tmp_path: Path) -> None:
     assert online.returncode == 1 and "FAIL  hooks" in online.stdout
     (tmp_path / "outrelay.toml").write_text(HOOK.replace("{port}", "1") + "verify_tlz = false\n")
     bad = cli("check", "--offline")
-    assert bad.returncode == 1 and "verify_tlz: unknown option" in bad.stdout
+    assert bad.returncode == 2 and "verify_tlz: unknown option" in bad.stderr and bad.stdout == ""
 
 
 def test_check_says_it_created_the_outbox(cli: Cli, tmp_path: Path) -> None:

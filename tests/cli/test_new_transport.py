@@ -88,6 +88,8 @@ def test_conformance_cli_runs_an_uninstalled_plugin(generated: Path) -> None:
     [
         (["new-transport", "Bad-Name"], "transport name 'Bad-Name' must be a lower-case identifier"),
         (["conformance", "--plugin", "no_such_module_xyz:T"], "--plugin 'no_such_module_xyz:T': cannot import it"),
+        (["conformance", "--transport", "memory", "--conformance-config", "nope.toml"], "cannot read the conformance"),
+        (["conformance", "--transport", "memory", "--endpoint", "a,b,c"], "--endpoint 'a,b,c' must name"),
     ],
 )
 def test_bad_input_is_one_line(cli: Cli, args: list[str], message: str) -> None:
@@ -105,3 +107,30 @@ def test_an_existing_directory_is_never_overwritten(cli: Cli, tmp_path: Path) ->
     proc = cli("new-transport", "carrier", "--directory", "pkg")
     assert proc.returncode != 0 and "already exists and is not empty" in proc.stderr
     assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == ["keep.txt"]
+
+
+def test_class_name_follows_the_words_or_the_option(cli: Cli, tmp_path: Path) -> None:
+    """Class names capitalise NAME's words, or take --class-name (RedisPubSub, not RedispubsubTransport)."""
+    proc = cli("new-transport", "redis_pubsub", "--directory", "a")
+    assert proc.returncode == 0 and "classes RedisPubsubTransport" in proc.stdout
+    proc = cli("new-transport", "redis_pubsub", "--directory", "b", "--class-name", "RedisPubSub")
+    assert proc.returncode == 0, proc.stderr
+    source = (tmp_path / "b" / "outrelay_redis_pubsub" / "_transport.py").read_text()
+    assert "class RedisPubSubTransport(LifecycleTransport):" in source and "Redispubsub" not in source
+    bad = cli("new-transport", "carrier", "--directory", "c", "--class-name", "not-a-class")
+    assert bad.returncode != 0 and "--class-name 'not-a-class' must be CapWords" in bad.stderr
+
+
+def test_a_leaked_socket_fails_one_check_not_every_teardown(generated: Path) -> None:
+    """A transport leaking a socket per open() fails sockets_released, and the leak's ResourceWarnings do not
+    turn the other checks into teardown errors (the scaffold's filterwarnings)."""
+    module = generated / "outrelay_carrier_x" / "_transport.py"
+    source = module.read_text()
+    opened = "        self._broker = CarrierXBroker.named(self.cfg.broker)\n"
+    leak = "        self._leaked = __import__('socket').socket()  # the defect\n"
+    module.write_text(source.replace(opened, opened + leak))
+    assert leak in module.read_text()
+    checks = "sockets_released or open_close or payload_empty or batch_send or close_twice"
+    tests = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", checks], generated)
+    assert "1 failed, 4 passed" in tests.stdout, tests.stdout[-3000:]
+    assert "error" not in tests.stdout.splitlines()[-1], tests.stdout[-3000:]

@@ -9,7 +9,8 @@ correct version passes every check and each deliberately broken subclass
 (``tests/conformance/test_broken_*.py``) fails the one check aimed at its
 defect. Answers: ``ok`` / ``dup`` (Delivered), ``refused <why>`` (Rejected),
 ``forbidden`` (PermanentError / Rejected), ``throttle <seconds>`` (RetryLater
-with the hint).
+with the hint). The read-only token may ``ping`` (connect) but not publish;
+``check()`` asks whether it may publish (op ``check``).
 """
 
 from __future__ import annotations
@@ -73,9 +74,11 @@ class LineServer:
             writer.close()
 
     def answer(self, b: Any, doc: dict[str, Any]) -> str:
+        if doc.get("op") == "ping" and doc.get("tok") in (TOKEN, FORBIDDEN_TOKEN):
+            return "ok"  # the read-only token may connect: only publishing is forbidden
         if doc.get("tok") != TOKEN:
             return "forbidden"
-        if doc.get("op") == "check":
+        if doc.get("op") == "check":  # may this token publish?
             return "ok"
         target = doc["t"]
         if target.startswith("refused"):
@@ -85,11 +88,14 @@ class LineServer:
         body = base64.b64decode(doc["b"])
         attrs = {k: unquote(v) for k, v in doc["h"].items()} if doc.get("pe") else doc["h"]
         event = cloudevents.from_binary(attrs, body, content_type=doc.get("ct"))
-        if event.id in b.seen:
+        dedupe_id = doc.get("d", event.id)  # the broker dedupes by the id the client sends with the message
+        if dedupe_id in b.seen:
             return "dup"
-        b.seen.add(event.id)
+        b.seen.add(dedupe_id)
+        if doc.get("volatile") and not b.waiters:  # a pub/sub broker: kept for nobody when no reader listens
+            return "ok"
         if doc.get("forget"):  # a broken broker: dedupe remembers only the last few ids
-            self.recent.append(event.id)
+            self.recent.append(dedupe_id)
             if len(self.recent) > doc["forget"]:
                 b.seen.discard(self.recent.pop(0))
         headers = dict(doc["h"]) | ({"content-type": doc["ct"] or ""} if doc.get("ct") or doc.get("empty_ct") else {})
@@ -104,9 +110,10 @@ _SERVERS: dict[str, LineServer] = {}
 _KEEP: set[asyncio.Task[None]] = set()
 
 
-async def provision(name: str) -> str:
-    """Start a :class:`LineServer` in the running loop (until the loop ends); the target is ``name``."""
-    server = LineServer(broker=f"line-{uuid.uuid4().hex[:8]}")
+async def provision(name: str, broker: str | None = None) -> str:
+    """Start a :class:`LineServer` in the running loop (until the loop ends); the target is ``name``. Servers
+    given one ``broker`` store into the same in-process broker, as two topics of one real broker would."""
+    server = LineServer(broker=broker or f"line-{uuid.uuid4().hex[:8]}")
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[int] = loop.create_future()
 
@@ -201,7 +208,7 @@ class LineTransport(Transport):
         if self.percent:
             headers = {k: quote(v, safe=PERCENT_SAFE) for k, v in headers.items()}
         return {"op": "send", "tok": self.cfg.token.get_secret_value(), "t": m.target, "k": m.key, "pe": self.percent,
-                "h": headers, "ct": e.content_type, "b": base64.b64encode(e.data).decode()}  # fmt: skip
+                "h": headers, "ct": e.content_type, "b": base64.b64encode(e.data).decode(), "d": e.id}  # fmt: skip
 
     async def send_one(self, m: Message) -> SendResult:
         if len(m.event.data) > MAX_BYTES:
@@ -253,11 +260,14 @@ class LineTransport(Transport):
         return f"line broker {self.cfg.host}:{self.cfg.port} reachable"
 
     def reader(self, target: str, **options: Any) -> Reader:
-        return MemoryReader(MemoryTransport.broker(self.cfg.broker), target)
+        broker = MemoryTransport.broker(self.cfg.broker)
+        return MemoryReader(broker, target, from_beginning=bool(options.get("from_beginning")))
 
 
 def line_target(cls: type[LineTransport] = LineTransport, **overrides: Any) -> ConformanceTarget:
     """A :class:`ConformanceTarget` for ``cls`` with every hook wired."""
+
+    broker = f"line-{uuid.uuid4().hex[:8]}"  # one broker for the targets of one target (of one check)
 
     def make(target: str, host: str = "127.0.0.1", port: int | None = None, token: str = TOKEN) -> LineTransport:
         server = _SERVERS.get(target) or _SERVERS.get(target.removeprefix("refused-")) or LineServer("line-none", 1)
@@ -280,7 +290,7 @@ def line_target(cls: type[LineTransport] = LineTransport, **overrides: Any) -> C
 
     hooks: dict[str, Any] = {
         "make_transport": make,
-        "provision": provision,
+        "provision": lambda name: provision(name, broker),
         "make_unreachable": unreachable,
         "upstream": lambda target: ("127.0.0.1", _SERVERS[target].port),
         "make_transport_via": lambda target, host, port: make(target, host, port),
@@ -289,6 +299,7 @@ def line_target(cls: type[LineTransport] = LineTransport, **overrides: Any) -> C
         "throttle": throttle,
         "secret": TOKEN,
         "binding": Binding("line", prefix="ce-"),
+        "late_reader": lambda t, target: t.reader(target, from_beginning=True),
         "label": f"line ({cls.__name__}, reference TCP transport of the kit's tests)",
         "read_timeout": 2.0,
         "timeout": 3.0,

@@ -33,3 +33,17 @@ def test_binding_rules_catches_wrong_prefix(tmp_path: Path) -> None:
 
 def test_binding_sdk_decode_catches_what_the_sdk_refuses(tmp_path: Path) -> None:
     assert_fails(line_target(EmptyContentType, binding=HTTP), "binding_sdk_decode", tmp_path, "SDK's http binding")
+
+
+def test_ready_made_bindings_are_public() -> None:
+    """The ready-made bindings import from outrelay.conformance itself, as the docs write them."""
+    from outrelay.conformance import AMQP, HTTP, KAFKA, MQTT, NATS, STRUCTURED, __all__
+
+    assert (HTTP.prefix, KAFKA.prefix, AMQP.prefix, MQTT.prefix, NATS.prefix) == (
+        "ce-",
+        "ce_",
+        "cloudEvents_",
+        "",
+        "ce-",
+    )
+    assert STRUCTURED.structured_only and {"HTTP", "KAFKA", "AMQP", "MQTT", "NATS", "STRUCTURED"} <= set(__all__)

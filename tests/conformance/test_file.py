@@ -8,7 +8,14 @@ import pytest
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import STRUCTURED
-from outrelay.transports.file import FileConfig, FileTransport
+from outrelay.transports.file import FileConfig, FileReader, FileTransport
+
+
+class WholeFile(FileReader):
+    """Reads the file from its first line (the durability check's reader attached after the send)."""
+
+    async def start(self) -> None:
+        self._pos = 0
 
 
 class TestFileConformance(ConformanceSuite):
@@ -38,6 +45,7 @@ class TestFileConformance(ConformanceSuite):
             },
             label="file (JSON Lines in tmp_path)",
             binding=STRUCTURED,
+            late_reader=lambda t, path: WholeFile(path),
             read_timeout=2.0,
             timeout=2.0,
         )

@@ -45,6 +45,7 @@ class TestMemoryConformance(ConformanceSuite):
             },
             label="memory (in-process broker)",
             binding=Binding("memory", prefix="ce-"),  # datacontenttype travels as Received.content_type
+            late_reader=lambda t, target: t.reader(target, from_beginning=True),
             read_timeout=2.0,
             timeout=2.0,
             publish_foreign=publish_foreign,

@@ -71,3 +71,15 @@ class TestMergeCommand:
         bad = tmp_path / "bad.json"
         bad.write_text('{"hello": 1}')
         assert main(["merge", str(bad)]) == 2
+
+    def test_declared_delivery_heads_each_column(self) -> None:
+        """The declared delivery semantics show next to the verdicts: a first row and the totals line."""
+        rep = sample("a", "A")
+        rep.column("a").delivery = "at_least_once"
+        rep.merge(sample("b", "B"))
+        rep.column("b").delivery = "at_most_once"
+        text = rep.to_markdown()
+        assert "| (declared delivery) | at-least-once | at-most-once |" in text
+        assert "(delivery at-most-once)" in text
+        again = ConformanceReport.from_json(json.loads(json.dumps(rep.to_json())))
+        assert again.transports["b"].delivery == "at_most_once"

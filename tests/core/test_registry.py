@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from outrelay import ConfigError, MissingExtraError, Registry, UnknownTransportError
+from outrelay.core.upcasting import Upcasters
 
 PLUGIN = """
 from collections.abc import Sequence
@@ -116,3 +117,20 @@ class TestRegistry:
                 Registry()
         finally:
             sys.modules.pop("typo_plugin", None)
+
+
+def test_outrelay_plugins_loads_named_modules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """OUTRELAY_PLUGINS registers the modules it names (without an entry point), even with autoload off;
+    a module that fails to import is one ConfigError naming the variable and the module."""
+    (tmp_path / "or_test_named_plugin.py").write_text(
+        "from outrelay import hookimpl\n\n@hookimpl\ndef outrelay_add_upcasters(registry):\n"
+        "    registry.register('x.y', '1', lambda d: d)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("OUTRELAY_PLUGINS", " or_test_named_plugin , ")
+    registry = Registry(autoload=False)
+    assert registry.pm.get_plugin("or_test_named_plugin") is not None
+    assert Upcasters().load_plugins(registry).current == {"x.y": "2"}
+    monkeypatch.setenv("OUTRELAY_PLUGINS", "or_test_no_such_module")
+    with pytest.raises(ConfigError, match="OUTRELAY_PLUGINS names 'or_test_no_such_module', which failed to import"):
+        Registry(autoload=False)

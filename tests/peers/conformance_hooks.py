@@ -58,11 +58,12 @@ def _erl(s: str) -> str:
     return f'<<"{s}">>'
 
 
-def rabbitmq_users(password: str, users: dict[str, str]) -> Iterator[str | None]:
+def rabbitmq_users(password: str, users: Mapping[str, str | tuple[str, str, str]]) -> Iterator[str | None]:
     """Create RabbitMQ users on the local broker (``rabbitmqctl eval``: one call, ~1 s), each with ``password``
-    and on vhost ``/`` the configure/write/read permission regex given (``""``: none at all); delete them when
-    the generator resumes. Yields ``None`` when they exist, else why not (no local ``rabbitmqctl``, an
-    external broker...): the caller then leaves out the hooks that need them, and those checks skip."""
+    and on vhost ``/`` the configure/write/read permission regex given — one for all three, or a
+    ``(configure, write, read)`` triple (``""``: none) — and delete them when the generator resumes. Yields
+    ``None`` when they exist, else why not (no local ``rabbitmqctl``, an external broker...): the caller then
+    leaves out the hooks that need them, and those checks skip."""
     ctl = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
     acting = _erl("outrelay-tests")
 
@@ -74,11 +75,12 @@ def rabbitmq_users(password: str, users: dict[str, str]) -> Iterator[str | None]
         out = (done.stdout + done.stderr).replace(password, "***")  # never echo the secret
         return None if done.returncode == 0 and "error" not in out.lower() else out.strip()[:300]
 
+    perms = {u: (p, p, p) if isinstance(p, str) else p for u, p in users.items()}
     create = ", ".join(
         f"ok = rabbit_auth_backend_internal:add_user({_erl(u)}, {_erl(password)}, {acting}), "
         f"ok = rabbit_auth_backend_internal:set_permissions({_erl(u)}, {_erl('/')}, "
-        f"{_erl(perm)}, {_erl(perm)}, {_erl(perm)}, {acting})"
-        for u, perm in users.items()
+        f"{_erl(conf)}, {_erl(write)}, {_erl(read)}, {acting})"
+        for u, (conf, write, read) in perms.items()
     )
     problem = run(create + ".")
     if problem is not None:

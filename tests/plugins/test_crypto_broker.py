@@ -155,8 +155,8 @@ k1 = "env:OR_TEST_K1"
     await bus.close()
     assert sub.stats.dead_lettered == 1
 
-    shown = await asyncio.to_thread(run_cli, tmp_path, "dlq", "show", "1", "--consumer", env=env)
-    hidden = await asyncio.to_thread(run_cli, tmp_path, "dlq", "show", "1", "--consumer", env={"OR_TEST_K1": ""})
+    shown = await asyncio.to_thread(run_cli, tmp_path, "dlq", "show", "1", "--consumer", "billing", env=env)
+    hidden = await asyncio.to_thread(run_cli, tmp_path, "dlq", "show", "1", "--consumer", "all", env={"OR_TEST_K1": ""})
     assert shown.returncode == 0 and hidden.returncode == 0, (shown.stderr, hidden.stderr)
     assert "\"decrypted with key 'k1'\"" in shown.stdout and SECRET.decode() in shown.stdout
     assert "not decrypted" in hidden.stdout and "OR_TEST_K1 is not set" in hidden.stdout

@@ -12,6 +12,7 @@ import httpx
 
 from outrelay import Event, EventBus, Outbox, Relay, parse_config
 from outrelay.core.replay import replay, replay_counts
+from outrelay.core.subscriber import SubscriptionStats
 from outrelay.core.transport import Delivered, Message, Rejected
 from outrelay.plugins.metrics import Metrics, serve_metrics
 from outrelay.transports.memory import MemoryTransport
@@ -109,18 +110,20 @@ class TestDeliveryLatency:
 
 class TestConsumed:
     async def test_consumed_by_outcome_in_a_subscriber_process(self) -> None:
-        """A watched bus reports handled, skipped and dead-lettered events and retries; no relay needed."""
+        """A watched bus reports handled, skipped and dead-lettered events, retries and the lag of the last
+        handled event; no relay needed."""
         metrics = Metrics()
 
         def handler(e: Event) -> None:
             if e.type == "poison":
                 raise ValueError("cannot handle")
 
+        old = datetime.now(UTC) - timedelta(seconds=90)  # appended 90 s ago: the consumer lags that much
         async with EventBus.memory() as bus:
             metrics.watch(bus)
             sub = await bus.subscribe(handler, types=["ok", "poison"], name="billing", max_attempts=2)
             await bus.publish(
-                [Event(type="ok", stream=f"s{i}") for i in range(5)]
+                [Event(type="ok", stream=f"s{i}", time=old) for i in range(5)]
                 + [Event(type="other", stream="x"), Event(type="poison", stream="p")]
             )
             for _ in range(300):
@@ -137,6 +140,7 @@ class TestConsumed:
         assert _value(text, c % "dead_lettered") == 1
         assert _value(text, c % "parked") == 0
         assert _value(text, 'outrelay_consumer_retries_total{consumer="billing"}') == 1
+        assert 90 <= _value(text, 'outrelay_consumer_lag_seconds{consumer="billing"}') < 120
         assert _value(after, c % "handled") == 5
 
     def test_label_values_are_escaped(self) -> None:
@@ -145,7 +149,7 @@ class TestConsumed:
 
         class Sub:
             consumer = 'we"ird\\name'
-            stats = type("S", (), {"handled": 1, "skipped": 0, "dead_lettered": 0, "parked": 0, "retries": 0})()
+            stats = SubscriptionStats(handled=1)
 
         metrics.watch(Sub())
         text = metrics.render([])

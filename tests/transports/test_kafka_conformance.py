@@ -102,6 +102,9 @@ class TestKafkaConformance(ConformanceSuite):
             make_forbidden=lambda topic: refused_login(topic, kafka_auth_bootstrap, password),
             publish_foreign=publish_foreign,
             claim_timeout=2.0,  # the session timeout; tansu accepts 2 s (stock Kafka's least is 6 s)
+            late_reader=lambda t, topic: t.reader(topic, from_beginning=True),
+            # no proxy can stay in front of Kafka (upstream unsupported), but an address that drops SYNs can
+            make_transport_via=lambda topic, host, port: make(topic, f"{host}:{port}"),
         )
 
     @pytest.fixture
@@ -134,6 +137,7 @@ class TestKafkaConformance(ConformanceSuite):
             read_timeout=10.0,
             make_forbidden=lambda topic: refused_login(topic, kafka_auth_bootstrap, tls.passphrase),
             secret=tls.passphrase,
+            late_reader=lambda t, topic: t.reader(topic, from_beginning=True),
         )
 
     def test_secret_never_leaks(

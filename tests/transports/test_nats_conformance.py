@@ -85,6 +85,7 @@ def _target(
         publish_foreign=publish_foreign,
         forget_group=forget_group,
         claim_timeout=2.0,
+        late_reader=lambda t, subject: t.reader(subject, deliver="all"),
     )
 
 

@@ -52,6 +52,10 @@ class TestPubSubConformance(ConformanceSuite):
                     "a missing topic is NOT_FOUND, retryable by design (an operator creates it); nothing else refuses"
                     " per message on the emulator"
                 ),
+                "late_reader": (
+                    "a topic keeps a message only for the subscriptions that exist when it is published, and the "
+                    "reader creates its subscription when it starts"
+                ),
             },
             label="pubsub (official Cloud Pub/Sub emulator: no authentication, no IAM checks)",
             read_timeout=15.0,

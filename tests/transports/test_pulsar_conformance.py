@@ -46,12 +46,15 @@ def target_for(url: str, **options: Any) -> ConformanceTarget:
         make_transport=lambda t: make(t, url),
         provision=provision,
         make_unreachable=lambda t: make(t, "pulsar://127.0.0.1:1", connect_timeout=1, operation_timeout=1),
+        # no proxy can stay in front of pulsar-lite (upstream unsupported), but an address that drops SYNs can
+        make_transport_via=lambda t, h, p: make(t, f"pulsar://{h}:{p}", connect_timeout=1, operation_timeout=1),
         unsupported={
             "throttle": (
                 "pulsar-lite never throttles (Pulsar's publish-rate quota blocks the producer, with no retry hint)"
             ),
             "refuse_target": "pulsar-lite has no topic policies that refuse a message; an unknown topic is created",
             "upstream": "pulsar-lite's topic lookup redirects the producer to the broker's own address",
+            "late_reader": "the pulsar reader subscribes at the latest position and has no option to start earlier",
         },
         label=f"pulsar at {url} (pulsar-lite unless OUTRELAY_PULSAR_URL; no auth: the token is ignored)",
         binding=PULSAR_BINDING,

@@ -259,6 +259,23 @@ class TestCheck:
             await t.close()
         assert await depth() == 1  # the binding catches what is published to the exchange
 
+    async def test_check_says_bindings_are_not_checked(
+        self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory
+    ) -> None:
+        """An exchange with no queue bound passes check, but the line says bindings were not checked and that
+        such events are dead-lettered as unroutable, which the next send shows."""
+        ex = await rabbitmq_exchanges("chk")
+        t = RabbitMQTransport(RabbitMQConfig(url=rabbitmq_url, exchange=ex))
+        line = await t.check()
+        assert "NOT checked: that a queue is bound" in line and "dead-lettered as unroutable" in line
+        assert "rabbitmqctl list_bindings -p / " in line
+        await t.open()
+        try:
+            (r,) = await t.send(_messages(t, [Event(type="t", stream="s")]))
+            assert isinstance(r, Rejected) and "unroutable" in r.reason
+        finally:
+            await t.close()
+
     async def test_check_without_write_permission(self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory) -> None:
         """A user who may connect but not publish fails check() with a PermanentError naming the user, vhost,
         exchange and the rabbitmqctl fix, never the password."""

@@ -4,8 +4,9 @@ When ``rabbitmqctl`` can manage the broker (the local one), every transport of
 the suite logs in as a user created for this module with a long random
 password (the ``secret`` the suite greps for): ``outrelay-conf-<hex>`` with
 full permissions on vhost ``/``, and ``outrelay-conf-<hex>-ro`` (same password)
-with none at all (it connects but may not publish: ``make_forbidden``). Both
-are deleted afterwards. Otherwise the suite runs as the URL's user and the
+with configure and read permissions but no write (it connects, declares and
+reads, but may not publish: ``make_forbidden``, so ``check()`` must prove the
+permission to publish). Both are deleted afterwards. Otherwise the suite runs as the URL's user and the
 secret/forbidden checks skip naming the hook.
 
 The refused target (``refuse_target``) is a routing key of the check's own
@@ -50,7 +51,7 @@ def rabbitmq_login() -> Iterator[tuple[str, str] | None]:
         yield None
         return
     user, password = f"outrelay-conf-{uuid.uuid4().hex[:8]}", long_secret()
-    users = rabbitmq_users(password, {user: ".*", f"{user}-ro": ""})
+    users = rabbitmq_users(password, {user: ".*", f"{user}-ro": (".*", "", ".*")})  # -ro: configure and read
     problem = next(users)
     yield None if problem else (user, password)
     next(users, None)
@@ -113,6 +114,10 @@ class TestRabbitMQConformance(ConformanceSuite):
             unsupported={
                 "throttle": "RabbitMQ throttles by blocking the connection (flow control), with no retry hint",
                 "from_beginning": "an exchange keeps nothing: a group's queues hold what arrived since its first start",
+                "late_reader": (
+                    "an exchange keeps nothing: a message persists in the queues bound when it is sent, and the reader "
+                    "binds its own queue when it starts (with none bound, the transport refuses it as unroutable)"
+                ),
             },
             label="rabbitmq (real RabbitMQ 3.10 broker" + (", users of the run)" if user else ")"),
             read_timeout=10.0,

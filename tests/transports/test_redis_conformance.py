@@ -3,8 +3,10 @@
 Every transport of the suite authenticates as an ACL user of its own, created
 on the shared server for the run with a long random password (the ``secret``
 the suite greps for) and deleted afterwards: ``outrelay-conf-<hex>`` may use
-the conformance keys, ``outrelay-conf-<hex>-ro`` (same password) may only
-``PING`` — the transport with credentials that connect but may not publish.
+the conformance keys, ``outrelay-conf-<hex>-ro`` (same password) may do
+everything there but write (``+@all -@write``) — the transport with
+credentials that connect but may not publish, so ``check()`` must prove the
+permission to publish, not only a connection.
 
 The refused target (``refuse_target``) is a key under the conformance prefix
 holding a string: ``XADD`` to it fails with ``WRONGTYPE``, per entry inside the
@@ -38,8 +40,10 @@ class TestRedisConformance(ConformanceSuite):
         admin = aioredis.Redis.from_url(redis_url)
         try:
             await admin.execute_command("ACL", "SETUSER", user, "on", f">{secret}", f"~{KEYS}*", "+@all")
-            await admin.execute_command("ACL", "SETUSER", f"{user}-ro", "on", f">{secret}", "~nothing*", "-@all",
-                                        "+ping")  # fmt: skip
+            # may do everything on the conformance keys but write: connect, INFO, read, run scripts (whose writes
+            # Redis refuses) — so check() must prove it may *publish*, not only that it connects
+            await admin.execute_command("ACL", "SETUSER", f"{user}-ro", "on", f">{secret}", f"~{KEYS}*", "+@all",
+                                        "-@write")  # fmt: skip
         except aioredis.ResponseError as exc:
             await admin.aclose()
             need("Redis ACL SETUSER", f"the server at {redis_url} refused to create a test user: {exc}")
@@ -90,6 +94,7 @@ class TestRedisConformance(ConformanceSuite):
             binding=Binding("redis", prefix="ce_"),
             publish_foreign=publish_foreign,
             claim_timeout=2.0,
+            late_reader=lambda t, key: t.reader(key, from_beginning=True),
         )
         try:
             if keys:

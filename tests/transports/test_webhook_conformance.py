@@ -23,7 +23,7 @@ import pytest
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import HTTP, Binding
 from outrelay.conformance._harness import run_check
-from outrelay.transports.webhook._reader import provision_receiver
+from outrelay.transports.webhook._reader import WebhookReader, provision_receiver
 from outrelay.transports.webhook._transport import WebhookTransport
 from outrelay.transports.webhook.receiver import Answer, WebhookReceiver, WebhookRequest
 from tests.services import free_port
@@ -72,6 +72,14 @@ def _via(url: str, host: str, port: int) -> WebhookTransport:
     return make_transport(urlunsplit(parts._replace(netloc=f"{host}:{port}")), timeout=2)
 
 
+class EveryRequest(WebhookReader):
+    """Reads every request the receiver accepted, also those before it started (the durability check)."""
+
+    async def start(self) -> None:
+        await super().start()
+        self._pos = 0
+
+
 def webhook_target(**options: Any) -> ConformanceTarget:
     """The webhook transport (``options``: config overrides) against a fresh receiver per check, every hook wired."""
 
@@ -92,6 +100,7 @@ def webhook_target(**options: Any) -> ConformanceTarget:
         throttle=_throttle,
         secret=SECRET,
         binding=HTTP if options.get("mode") == "binary" else WEBHOOK_BINDING,
+        late_reader=lambda t, url: EveryRequest(url),
     )
 
 

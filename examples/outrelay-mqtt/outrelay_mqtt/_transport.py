@@ -80,6 +80,7 @@ class MqttTransport(LifecycleTransport):
             max_message_bytes=self.cfg.max_message_bytes,
             cloudevents_modes=("binary",),
             reader=True,
+            delivery="at_most_once",  # QoS 1 reaches the subscribers connected now: nothing is kept for later ones
         )
 
     def target(self, event: Event) -> str:

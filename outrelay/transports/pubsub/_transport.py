@@ -240,8 +240,8 @@ class PubSubTransport(Transport):
             # closing must not fail: nothing is confirmed after close anyway.
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(client.stop)
-            with contextlib.suppress(Exception):
-                client.transport.close()
+            with contextlib.suppress(Exception):  # grpc's channel close waits on its threads: not on the loop
+                await asyncio.to_thread(client.transport.close)
 
     async def check(self) -> str:
         probe = Event(type="check", stream="check")

@@ -12,6 +12,12 @@ the probe, also when the connection drops midway. Topic permissions are
 checked for the probe's routing key: a refusal fails the check when
 ``routing_key`` is fixed; a templated key renders a made-up key, so the
 check passes and says each real key is checked when it is published.
+
+Not checked: whether a queue is bound. AMQP 0-9-1 shows bindings to no
+client, and only a delivered (committed) message would tell (a mandatory
+message comes back when no queue takes it), so an exchange without a bound
+queue passes; with ``mandatory`` on, the line says so and what happens to
+such events (dead-lettered, or retried with ``unroutable = "retryable"``).
 """
 
 from __future__ import annotations
@@ -84,7 +90,21 @@ class Check:
         where = f"exchange {name!r}" if name else f"queue {routing_key!r} via the default exchange"
         return (
             f"{self.cfg.where}: {where} exists and publishing to it is permitted "
-            f"(probe rolled back, nothing delivered){caveat}"
+            f"(probe rolled back, nothing delivered){caveat}{self._bindings_caveat(name)}"
+        )
+
+    def _bindings_caveat(self, name: str) -> str:
+        """What check cannot see: AMQP shows an exchange's bindings to no client, and only a delivered
+        message tells whether a queue is bound, so an exchange without a bound queue passes. Say so, with
+        what happens to the events and how to look."""
+        if not name or not self.cfg.mandatory:
+            return ""
+        fate = "retried" if self.cfg.unroutable == "retryable" else "dead-lettered"
+        _, vhost = _login(self.cfg)
+        return (
+            f"; NOT checked: that a queue is bound to it (AMQP cannot show bindings without delivering) — "
+            f"each event no queue is bound for is {fate} as unroutable; see "
+            f"`rabbitmqctl list_bindings -p {vhost} source_name routing_key destination_name`"
         )
 
     async def _check_exists(self, conn: aio_pika.abc.AbstractConnection, name: str, routing_key: str) -> bool:
