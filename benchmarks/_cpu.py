@@ -3,7 +3,8 @@
 ``time.process_time`` counts this process only (the broker's CPU is not in
 it) and hardly moves when other work shares the machine, unlike ev/s: on a
 loaded machine compare these figures, not the throughput ratios.
-:func:`stat_cpu` reads another process's CPU seconds (Linux ``/proc``).
+:func:`stat_cpu` reads another process's CPU seconds (Linux ``/proc``), :func:`backends_cpu`
+those of the PostgreSQL backends serving connections of a given ``application_name``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
-__all__ = ["CpuClock", "stat_cpu"]
+__all__ = ["CpuClock", "backends_cpu", "stat_cpu"]
 
 T = TypeVar("T")
 
@@ -30,6 +31,25 @@ def stat_cpu(pid: int | str, *, children: bool = False) -> tuple[str, float]:
     name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
     ticks = sum(int(x) for x in rest[11 : 15 if children else 13])  # utime, stime[, cutime, cstime]
     return name, ticks / os.sysconf("SC_CLK_TCK")
+
+
+def backends_cpu(admin_url: str, application_name: str) -> float:
+    """CPU seconds so far of the PostgreSQL server processes (on this host) serving the connections
+    named ``application_name`` (``pg_stat_activity``; read before those connections close).
+
+    :raises OSError: no ``/proc``. :raises psycopg.Error: cannot connect with ``admin_url``."""
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        sql = "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+        pids = [r[0] for r in conn.execute(sql, (application_name,))]
+    total = 0.0
+    for pid in pids:
+        try:
+            total += stat_cpu(pid)[1]
+        except FileNotFoundError:  # gone meanwhile
+            continue
+    return total
 
 
 class CpuClock:

@@ -24,7 +24,7 @@ import tempfile
 import time
 import uuid
 
-from _ratio import ratio, raw_line
+from _ratio import cpu_line, ratio, raw_line, record_cpu
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -65,13 +65,14 @@ async def raw(bootstrap: str, topic: str, events: list[Event], idempotence: bool
     await producer.start()
     records = [(e.stream.encode(), *encode(e, "binary")) for e in events]
     try:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for lo in range(0, len(records), window):
             futs = [
                 await producer.send(topic, value, key=key, headers=headers)
                 for key, value, headers in records[lo : lo + window]
             ]
             await asyncio.gather(*futs)
+        record_cpu("raw", cpu)
         return time.perf_counter() - started
     finally:
         await producer.stop()
@@ -91,9 +92,10 @@ async def relay(dest: dict[str, object], events: list[Event], batch_size: int, i
                 },
             }
         )
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         summary = await Relay(outbox, cfg).run(drain=True)
         elapsed = time.perf_counter() - started
+        record_cpu("ceiling" if dest["transport"] == "memory" else "relay", cpu)
         outbox.close()
     delivered = summary.counts["d"]["delivered"]
     assert delivered == len(events), f"relay delivered {delivered} of {len(events)}"
@@ -145,6 +147,7 @@ async def main() -> None:
         if not args.no_ceiling:
             t_mem = await relay({"transport": "memory"}, events, args.batch_size, args.in_flight)
             print(f"  engine ceiling (relay->memory): {n / t_mem:10.0f} ev/s ({t_mem:.2f} s)")
+        print(f"  {cpu_line(n)}")
     finally:
         if proc is not None:
             proc.kill()

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import nats
 import nats.js.api
-from _ratio import ratio, raw_line
+from _ratio import cpu_line, ratio, raw_line, record_cpu
 
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.core import cloudevents
@@ -67,7 +67,7 @@ async def delete_stream(url: str, name: str) -> None:
 async def raw(url: str, subject: str, events: list[Event], window: int, encode_inside: bool = False) -> float:
     nc = await nats.connect(url)
     js = nc.jetstream(publish_async_max_pending=window)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     msgs = []
     for e in events:
         headers = cloudevents.binary_headers(e)
@@ -76,10 +76,11 @@ async def raw(url: str, subject: str, events: list[Event], window: int, encode_i
         msgs.append((f"{subject}.{e.stream}", e.data, headers))
     try:
         if not encode_inside:  # like bench_kafka: building the headers is not timed
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
         for lo in range(0, len(msgs), window):
             futs = [await js.publish_async(s, d, headers=h) for s, d, h in msgs[lo : lo + window]]
             await asyncio.gather(*futs)
+        record_cpu("raw", cpu)
         return time.perf_counter() - started
     finally:
         await nc.close()
@@ -111,7 +112,9 @@ async def relay_cpu(
         )
         started, cpu = time.perf_counter(), time.process_time()
         summary = await Relay(outbox, cfg).run(drain=True)
-        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        elapsed = time.perf_counter() - started
+        record_cpu("ceiling" if dest["transport"] == "memory" else "relay", cpu)
+        cpu = time.process_time() - cpu
         outbox.close()
     delivered = summary.counts["d"]["delivered"]
     assert delivered == len(events), f"relay delivered {delivered} of {len(events)}"
@@ -167,6 +170,7 @@ async def main() -> None:
     if not args.no_ceiling:
         t_mem = await relay({"transport": "memory"}, events, args.batch_size, args.in_flight, args.per_stream)
         print(f"  engine ceiling (relay->memory)      : {n / t_mem:10.0f} ev/s ({t_mem:.2f} s)")
+    print(f"  {cpu_line(n)}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_postgres_vs_faststream_outbox.py [--broker nats|rabbitmq]
         [--count 20000] [--streams 100] [--size 1024] [--rounds 3] [--processes 1] [--burst 1]
+    .venv/bin/python benchmarks/bench_postgres_vs_faststream_outbox.py --rate 200 [--seconds 10] [--rounds 3]
 
 Setup (not a project dependency; nothing goes into pyproject.toml)::
 
@@ -67,6 +68,17 @@ Configuration (printed with the results):
 * ``--processes N`` starts N relay processes per side on the same outbox
   (both libraries' documented way to scale out).
 
+``--rate R`` (latency at a trickle): instead of one commit of ``--count``
+events, the parent appends R events per second for ``--seconds``, one event
+per transaction (``Outbox.append(event, conn=...)`` / ``publish(..., session=
+...)``), and prints per side the commit -> consumer latency (p50, p99) and the
+relay process's CPU (share of a core, µs per event) from the first append to
+the last arrival. Three sides by default: outrelay with its defaults,
+faststream-outbox with the knobs above, and faststream-outbox with its own
+defaults (``max_workers`` 1, ``fetch_batch_size`` 10, fetch intervals 1-10 s,
+``terminal_flush_batch_size`` 1); the last line compares outrelay with the
+peer's best p50 and best CPU (target: at most theirs).
+
 Reading the order figures: one faststream-outbox process publishes in the
 order its workers dequeue rows over one channel, so on the happy path it shows
 no reordering; it has no per-stream ordering (no stream notion at all), and
@@ -99,7 +111,8 @@ PG_URL = os.environ.get("OUTRELAY_POSTGRES_URL", "postgresql://postgres@127.0.0.
 MQ_URL = os.environ.get("OUTRELAY_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
 NATS_URL = os.environ.get("OUTRELAY_NATS_URL", "nats://127.0.0.1:4222")
 FSO_QUEUE = "bench"
-SIDES = ("outrelay", "faststream-outbox")
+FSO_DEFAULTS = "faststream-outbox-defaults"
+SIDES = ("outrelay", "faststream-outbox", FSO_DEFAULTS)
 SELF = os.path.abspath(__file__)
 INSTALL = '"faststream-outbox[asyncpg]" "faststream[rabbit,nats]"'
 WARM_STREAM = 999_999  # the warm-up event's stream number; not counted
@@ -135,6 +148,8 @@ class Received:
     warm: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     done_at: float = 0.0
+    #: perf_counter() of each event's first arrival (latency mode)
+    arrived: dict[tuple[int, int], float] = field(default_factory=dict)
 
     def on_body(self, data: bytes) -> None:
         head = data[: data.index(b"|")]
@@ -148,6 +163,7 @@ class Received:
             self.duplicates += 1
             return
         self.seen.add(key)
+        self.arrived[key] = time.perf_counter()
         prev = self.last.get(stream, -1)
         if seq < prev:
             self.out_of_order += 1
@@ -331,6 +347,51 @@ async def fso_append(schema: str, table: str, rows: list[tuple[int, int]], size:
         await engine.dispose()
 
 
+def outrelay_trickle(outbox: Any, rows: list[tuple[int, int]], size: int, rate: float) -> dict[tuple[int, int], float]:
+    """Append ``rows`` one event per transaction at ``rate`` per second (an application's psycopg
+    connection); returns each event's commit time (perf_counter)."""
+    import psycopg
+
+    from outrelay import Event
+
+    commits: dict[tuple[int, int], float] = {}
+    with psycopg.connect(PG_URL) as conn:
+        started = time.perf_counter()
+        for i, (s, q) in enumerate(rows):
+            ahead = started + i / rate - time.perf_counter()
+            if ahead > 0:
+                time.sleep(ahead)
+            with conn.transaction():
+                outbox.append([Event(type="bench.fso", stream=f"s{s}", data=body(s, q, size))], conn=conn)
+            commits[(s, q)] = time.perf_counter()
+    return commits
+
+
+async def fso_trickle(
+    schema: str, table: str, rows: list[tuple[int, int]], size: int, rate: float
+) -> dict[tuple[int, int], float]:
+    """:func:`outrelay_trickle` through faststream-outbox's ``publish(..., session=AsyncSession)``."""
+    from faststream_outbox import OutboxBroker, make_outbox_table
+    from sqlalchemy import MetaData
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    engine = create_async_engine(pg_sqlalchemy_url())
+    outbox = OutboxBroker(engine, outbox_table=make_outbox_table(MetaData(schema=schema), table_name=table))
+    commits: dict[tuple[int, int], float] = {}
+    try:
+        started = time.perf_counter()
+        for i, (s, q) in enumerate(rows):
+            ahead = started + i / rate - time.perf_counter()
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+            async with AsyncSession(engine) as session, session.begin():
+                await outbox.publish(body(s, q, size), queue=FSO_QUEUE, session=session)
+            commits[(s, q)] = time.perf_counter()
+    finally:
+        await engine.dispose()
+    return commits
+
+
 # --------------------------------------------------------------------------- relays (child process)
 
 
@@ -396,9 +457,9 @@ async def child_fso(opts: dict[str, Any], stop: asyncio.Event) -> None:
         FSO_QUEUE,
         max_workers=workers,
         fetch_batch_size=opts["fetch"],
-        min_fetch_interval=0.1,
-        max_fetch_interval=1.0,
-        lease_ttl_seconds=120.0,
+        min_fetch_interval=opts.get("min_fetch_interval", 0.1),
+        max_fetch_interval=opts.get("max_fetch_interval", 1.0),
+        lease_ttl_seconds=opts.get("lease_ttl_seconds", 120.0),
         terminal_flush_batch_size=opts["flush"],
     )
     async def relay(payload: bytes) -> bytes:
@@ -437,6 +498,11 @@ class Result:
     duplicates: int
     out_of_order: int
     relay_cpu: float  # CPU seconds the relay process(es) used while the clock ran (Linux /proc; 0 elsewhere)
+    latency_ms: list[float] = field(default_factory=list)  # commit -> first arrival of each event (--rate)
+
+    def pct(self, p: float) -> float:
+        lat = sorted(self.latency_ms)
+        return lat[min(len(lat) - 1, int(len(lat) * p))] if lat else float("nan")
 
     @property
     def rate(self) -> float:
@@ -494,6 +560,7 @@ async def one_run(side: str, args: argparse.Namespace) -> Result:
     outbox = None
     try:
         opts: dict[str, Any] = {"schema": schema, "table": table, "broker": args.broker, "target": target, "sink": sink}
+        trickle: Callable[[], Awaitable[dict[tuple[int, int], float]]]
         if side == "outrelay":
             outbox = outrelay_prepare(schema)
             opts["batch_size"] = args.or_batch_size
@@ -501,23 +568,36 @@ async def one_run(side: str, args: argparse.Namespace) -> Result:
             append: Callable[[list[tuple[int, int]]], Awaitable[None]] = lambda r: asyncio.to_thread(  # noqa: E731
                 outrelay_append, outbox, r, args.size
             )
+            trickle = lambda: asyncio.to_thread(outrelay_trickle, outbox, rows, args.size, args.rate)  # noqa: E731
         else:
             await fso_prepare(schema, table)
-            opts.update(workers=args.fso_workers, fetch=args.fso_fetch, flush=args.fso_flush)
-            procs = [await start_child(side, opts) for _ in range(args.processes)]
+            if side == FSO_DEFAULTS:  # the library's own defaults (its docs' quick start)
+                opts.update(workers=1, fetch=10, flush=1, min_fetch_interval=1.0, max_fetch_interval=10.0)
+                opts["lease_ttl_seconds"] = 60.0
+            else:
+                opts.update(workers=args.fso_workers, fetch=args.fso_fetch, flush=args.fso_flush)
+            procs = [await start_child("faststream-outbox", opts) for _ in range(args.processes)]
             append = lambda r: fso_append(schema, table, r, args.size)  # noqa: E731
+            trickle = lambda: fso_trickle(schema, table, rows, args.size, args.rate)  # noqa: E731
         await append([(WARM_STREAM, 0)])
         await asyncio.wait_for(rec.warm.wait(), 30)
-        await append(rows)
-        started = time.perf_counter()
         pids = [p.pid for p in procs]
-        cpu0 = cpu_seconds(pids)
+        commits: dict[tuple[int, int], float] = {}
+        if args.rate:
+            started = time.perf_counter()
+            cpu0 = cpu_seconds(pids)
+            commits = await trickle()
+        else:
+            await append(rows)
+            started = time.perf_counter()
+            cpu0 = cpu_seconds(pids)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(rec.done.wait(), args.timeout)
         ended = rec.done_at if rec.done.is_set() else time.perf_counter()
         cpu = cpu_seconds(pids) - cpu0
         await asyncio.sleep(0.3)  # late duplicates / stragglers still count in the order check
-        return Result(side, ended - started, len(rec.seen), rec.duplicates, rec.out_of_order, cpu)
+        latency = [(rec.arrived[k] - t) * 1000 for k, t in commits.items() if k in rec.arrived]
+        return Result(side, ended - started, len(rec.seen), rec.duplicates, rec.out_of_order, cpu, latency)
     finally:
         for proc in procs:
             await stop_child(proc)
@@ -529,12 +609,23 @@ async def one_run(side: str, args: argparse.Namespace) -> Result:
 
 
 async def main(args: argparse.Namespace) -> None:
-    sides = [s for s in ("outrelay", "faststream-outbox") if s in args.sides]
+    sides = [s for s in SIDES if s in args.sides.split(",")]
+    if args.rate:
+        args.count = int(args.rate * args.seconds)
     results: dict[str, list[Result]] = {s: [] for s in sides}
     for r in range(args.rounds):
         for side in sides if r % 2 == 0 else reversed(sides):
             res = await one_run(side, args)
             results[side].append(res)
+            if args.rate:
+                print(
+                    f"  round {r + 1} {side:26s}: commit -> consumer p50 {res.pct(0.5):6.2f} ms, "
+                    f"p99 {res.pct(0.99):6.2f} ms; {res.received}/{args.count} received; relay CPU "
+                    f"{res.relay_cpu:.2f} s = {100 * res.relay_cpu / res.seconds:.0f} % of a core, "
+                    f"{1e6 * res.relay_cpu / max(1, res.received):.0f} µs per event",
+                    flush=True,
+                )
+                continue
             print(
                 f"  round {r + 1} {side:18s}: {res.rate:8.0f} ev/s ({res.seconds:6.2f} s, "
                 f"{res.received}/{args.count} received, {res.duplicates} dup, {res.out_of_order} out-of-order; "
@@ -542,6 +633,9 @@ async def main(args: argparse.Namespace) -> None:
                 flush=True,
             )
     where = f"RabbitMQ ({MQ_URL.split('@')[-1]})" if args.broker == "rabbitmq" else f"NATS JetStream ({NATS_URL})"
+    if args.rate:
+        trickle_summary(results, args, where)
+        return
     med = {s: statistics.median(x.rate for x in results[s]) if s in sides else 0.0 for s in SIDES}
     print(
         f"PostgreSQL -> {where}, {args.count} events x {args.size} B, "
@@ -566,6 +660,37 @@ async def main(args: argparse.Namespace) -> None:
     print(f"  ratio outrelay / faststream-outbox: {ratio:.2f}x (target >= 2x with per-stream order)")
 
 
+def trickle_summary(results: dict[str, list[Result]], args: argparse.Namespace, where: str) -> None:
+    """Medians per side of p50, p99 and relay CPU, and outrelay against the peer's best configuration."""
+    print(
+        f"PostgreSQL -> {where}, {args.rate:g} appends/s for {args.seconds:g} s (one event per transaction), "
+        f"{args.size} B; median of {args.rounds} run(s) per side"
+    )
+    med: dict[str, tuple[float, float, float]] = {}
+    for side, runs in results.items():
+        med[side] = tuple(statistics.median(f(x) for x in runs) for f in (_p50, _p99, _cpu_share))  # type: ignore[assignment]
+        print(f"  {side:26s}: p50 {med[side][0]:6.2f} ms, p99 {med[side][1]:6.2f} ms, relay CPU {med[side][2]:.0f} %")
+    peers = [v for k, v in med.items() if k != "outrelay"]
+    if "outrelay" in med and peers:
+        mine, best_p50, best_cpu = med["outrelay"], min(p[0] for p in peers), min(p[2] for p in peers)
+        print(
+            f"  outrelay / peer's best: p50 {mine[0] / best_p50:.2f}, relay CPU {mine[2] / best_cpu:.2f} "
+            "(target: both <= 1)"
+        )
+
+
+def _p50(r: Result) -> float:
+    return r.pct(0.5)
+
+
+def _p99(r: Result) -> float:
+    return r.pct(0.99)
+
+
+def _cpu_share(r: Result) -> float:
+    return 100 * r.relay_cpu / r.seconds if r.seconds else float("nan")
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     ap.add_argument("--broker", choices=("nats", "rabbitmq"), default="nats")
@@ -573,7 +698,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--streams", type=int, default=100)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--burst", type=int, default=1, help="consecutive events of one stream in append order")
-    ap.add_argument("--sides", default="outrelay,faststream-outbox", help="comma-separated subset to run")
+    ap.add_argument(
+        "--sides", default="", help=f"comma-separated subset of {','.join(SIDES)} (default: all with --rate, else two)"
+    )
+    ap.add_argument("--rate", type=float, default=0.0, help="appends per second, one per transaction (latency mode)")
+    ap.add_argument("--seconds", type=float, default=10.0, help="--rate: seconds of appends")
     ap.add_argument("--processes", type=int, default=1, help="relay processes per side (both scale out this way)")
     ap.add_argument("--rounds", type=int, default=3, help="runs per side, interleaved; medians printed")
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds one run may take before it is cut")
@@ -581,7 +710,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--fso-workers", type=int, default=8, help="faststream-outbox max_workers")
     ap.add_argument("--fso-fetch", type=int, default=100, help="faststream-outbox fetch_batch_size")
     ap.add_argument("--fso-flush", type=int, default=100, help="faststream-outbox terminal_flush_batch_size")
-    return ap.parse_args()
+    args = ap.parse_args()
+    args.sides = args.sides or (",".join(SIDES) if args.rate else "outrelay,faststream-outbox")
+    return args
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ from outrelay import Event
 from outrelay.core import cloudevents
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _ratio import ratio, raw_line
-from bench_nats import relay, relay_cpu
+from _ratio import cpu_line, ratio, raw_line, record_cpu
+from bench_nats import relay
 
 
 def make_events(count: int, streams: int, size: int) -> list[Event]:
@@ -67,7 +67,7 @@ async def raw(url: str, exchange: str, events: list[Event], window: int, encode_
     async with conn:
         channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
         ex = await channel.get_exchange(exchange)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         msgs = [
             (
                 aio_pika.Message(
@@ -84,9 +84,10 @@ async def raw(url: str, exchange: str, events: list[Event], window: int, encode_
             for e in events
         ]
         if not encode_inside:  # like bench_kafka: building the messages is not timed
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
         for lo in range(0, len(msgs), window):
             await asyncio.gather(*(ex.publish(m, rk, mandatory=True) for m, rk in msgs[lo : lo + window]))
+        record_cpu("raw", cpu)
         return time.perf_counter() - started
 
 
@@ -112,9 +113,7 @@ async def main() -> None:
     n = len(events)
     exchange, queue = await declare(url, args.queue_type)
     try:
-        cpu = time.process_time()
         t_raw = await raw(url, exchange, events, args.window, args.encode_in_raw)
-        raw_cpu = [time.process_time() - cpu]
         dest = {
             "transport": "rabbitmq",
             "url": url,
@@ -122,10 +121,8 @@ async def main() -> None:
             "routing_key": "s.{stream}",
             "pipeline": not args.strict,
         }
-        t_relay, relay_cpu_s = await relay_cpu(dest, events, args.batch_size, args.in_flight, args.per_stream)
-        cpu = time.process_time()
+        t_relay = await relay(dest, events, args.batch_size, args.in_flight, args.per_stream)
         t_raw2 = await raw(url, exchange, events, args.window, args.encode_in_raw)
-        raw_cpu.append(time.process_time() - cpu)
     finally:
         await delete(url, exchange, queue)
     print(
@@ -140,13 +137,10 @@ async def main() -> None:
         f"per_stream={args.per_stream} max_in_flight={args.in_flight}"
     )
     print(f"  ratio relay/raw                          : {ratio(n, t_relay, t_raw, t_raw2):10.2f}")
-    print(
-        f"  CPU per event in this process            : raw {sum(raw_cpu) / len(raw_cpu) / n * 1e6:.1f} µs, "
-        f"relay {relay_cpu_s / n * 1e6:.1f} µs (store thread included)"
-    )
     if not args.no_ceiling:
         t_mem = await relay({"transport": "memory"}, events, args.batch_size, args.in_flight, args.per_stream)
         print(f"  engine ceiling (relay->memory)           : {n / t_mem:10.0f} ev/s ({t_mem:.2f} s)")
+    print(f"  {cpu_line(n)}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 import uuid
 
 import redis.asyncio as aioredis
-from _ratio import ratio, raw_line
+from _ratio import cpu_line, ratio, raw_line, record_cpu
 
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.transports.redis._transport import encode
@@ -37,12 +37,13 @@ async def raw(url: str, key: str, events: list[Event], window: int) -> float:
     client = aioredis.Redis.from_url(url)
     entries = [encode(e, "binary") for e in events]
     try:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for lo in range(0, len(entries), window):
             pipe = client.pipeline(transaction=False)
             for fields in entries[lo : lo + window]:
                 pipe.xadd(key, fields)  # type: ignore[arg-type]
             await pipe.execute()
+        record_cpu("raw", cpu)
         return time.perf_counter() - started
     finally:
         await client.delete(key)
@@ -63,9 +64,10 @@ async def relay(dest: dict[str, object], events: list[Event], batch_size: int, i
                 },
             }
         )
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         summary = await Relay(outbox, cfg).run(drain=True)
         elapsed = time.perf_counter() - started
+        record_cpu("ceiling" if dest["transport"] == "memory" else "relay", cpu)
         outbox.close()
     delivered = summary.counts["d"]["delivered"]
     assert delivered == len(events), f"relay delivered {delivered} of {len(events)}"
@@ -103,6 +105,7 @@ async def main() -> None:
     if not args.no_ceiling:
         t_mem = await relay({"transport": "memory"}, events, args.batch_size, args.in_flight)
         print(f"  engine ceiling (relay->memory): {n / t_mem:10.0f} ev/s ({t_mem:.2f} s)")
+    print(f"  {cpu_line(n)}")
 
 
 if __name__ == "__main__":

@@ -11,13 +11,20 @@ fresh consumer group from the beginning of the topic, one member:
 * raw:     one ``AIOKafkaConsumer`` (``enable_auto_commit=False``), the
            idiomatic at-least-once loop: ``getmany(max_records=--batch)``, then
            ``commit()`` after each batch; records are not decoded;
+* raw + SDK: the same loop, each record turned into a CloudEvent by the
+           CloudEvents SDK's Kafka binding (``cloudevents.core.bindings.kafka.
+           from_binary`` with its JSON format): what a user would write instead
+           of outrelay's subscriber;
 * backend: ``transport.subscription(...)``: ``receive(--batch)``, then
            ``await m.ack()`` per message (each record decoded to an Event; acks
-           coalesced into one commit per ~0.2 s).
+           coalesced into one commit per ~0.2 s);
+* bus:     one ``EventBus`` group member (decode, runtime, a handler that counts).
 
-The raw loop runs before and after the backend (see ``_ratio.py``). The
+The raw loops run before and after the others (see ``_ratio.py``); the
+target is bus / (raw + SDK) >= 1.0, the ratios to the loop that decodes
+nothing are information. The
 group join is excluded from every timing: the clock starts when the member
-holds its partitions. (The full ``EventBus`` runtime figure comes later.)
+holds its partitions.
 The last line gives this process's CPU time per event (``benchmarks/_cpu.py``;
 the broker's CPU excluded, the group joins included): on a shared machine
 compare these, not the ev/s ratios.
@@ -70,7 +77,8 @@ async def prepublish(t: KafkaTransport, count: int, streams: int, size: int) -> 
         assert await t.send(batch) == [Delivered()] * len(batch)
 
 
-async def raw(bootstrap: str, topic: str, n: int, batch: int) -> float:
+async def raw(bootstrap: str, topic: str, n: int, batch: int, sdk: bool = False) -> float:
+    """Seconds the raw loop takes for ``n`` records (``sdk``: each turned into a CloudEvent)."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -82,11 +90,20 @@ async def raw(bootstrap: str, topic: str, n: int, batch: int) -> float:
     try:
         while not consumer.assignment():
             await asyncio.sleep(0.01)
+        from cloudevents.core.bindings.kafka import KafkaMessage, from_binary
+        from cloudevents.core.formats.json import JSONFormat
+
+        fmt = JSONFormat()
         got = 0
         started = time.perf_counter()
         while got < n:
             records = await consumer.getmany(timeout_ms=1000, max_records=batch)
-            got += sum(len(rs) for rs in records.values())
+            for rs in records.values():
+                got += len(rs)
+                if sdk:
+                    for r in rs:
+                        event = from_binary(KafkaMessage(headers=dict(r.headers), key=r.key, value=r.value), fmt)
+                        assert event.get_id()
             if records:
                 await consumer.commit()
         return time.perf_counter() - started
@@ -147,9 +164,11 @@ async def main() -> None:
             n = args.count
             cpu = CpuClock(n)
             t_raw = await cpu.time("raw", raw(bootstrap, topic, n, args.batch))
+            t_sdk = await cpu.time("raw+sdk", raw(bootstrap, topic, n, args.batch, sdk=True))
             t_sub = await cpu.time("backend", backend(t, topic, n, args.batch))
             bus = bus_consume(t, n, target=topic, prefetch=args.batch * 4, claim_timeout=6.0)
             t_bus = await cpu.time("bus", bus)
+            t_sdk2 = await cpu.time("raw+sdk", raw(bootstrap, topic, n, args.batch, sdk=True))
             t_raw2 = await cpu.time("raw", raw(bootstrap, topic, n, args.batch))
         finally:
             await t.close()
@@ -158,11 +177,14 @@ async def main() -> None:
             f"{args.streams} streams, {args.partitions} partitions, batch {args.batch}, one member"
         )
         raw_text = raw_line(n, t_raw, t_raw2).replace("the relay", "the backend")
+        sdk_text = raw_line(n, t_sdk, t_sdk2).replace("the relay", "the others")
         print(f"  (a) raw aiokafka group getmany+commit : {raw_text}")
+        print(f"  (d) (a) + CloudEvents SDK from_binary : {sdk_text}")
         print(f"  (b) backend receive/ack              : {n / t_sub:10.0f} ev/s ({t_sub:.2f} s)")
         print(f"  ratio b/a                            : {ratio(n, t_sub, t_raw, t_raw2):10.2f}")
         print(f"  (c) EventBus group member            : {n / t_bus:10.0f} ev/s (decode + runtime + handler)")
-        print(f"  ratio c/a                            : {ratio(n, t_bus, t_raw, t_raw2):10.2f}")
+        print(f"  ratio c/a                            : {ratio(n, t_bus, t_raw, t_raw2):10.2f} (information)")
+        print(f"  ratio c/d                            : {ratio(n, t_bus, t_sdk, t_sdk2):10.2f} (target >= 1.0)")
         print(f"  client CPU per event                 : {cpu.report()}")
     finally:
         if proc is not None:

@@ -135,11 +135,11 @@ async def bench(url: str, args: argparse.Namespace) -> None:
     before, cpu_before = await raw_aiohttp(url, make_events(n, args.streams, args.size, "aiohttp1"), args.concurrency)
     relay_secs, cpu = await relay(url, options, make_events(n, args.streams, args.size, "relay"), args)
     after, cpu_after = await raw_aiohttp(url, make_events(n, args.streams, args.size, "aiohttp2"), args.concurrency)
-    raw_cpu = 1000 * (cpu_before + cpu_after) / (2 * n)
-    print(f"raw aiohttp:           {raw_line(n, before, after)}, client CPU {raw_cpu:.3f} ms/event")
+    raw_cpu = 1e6 * (cpu_before + cpu_after) / (2 * n)
+    print(f"raw aiohttp:           {raw_line(n, before, after)}, client CPU {raw_cpu:.1f} µs per event")
     print(
         f"relay SQLite->webhook: {n / relay_secs:10.0f} ev/s ({n:,} events in {relay_secs:.1f}s), "
-        f"relay process CPU {1000 * cpu / n:.3f} ms/event"
+        f"relay process CPU {1e6 * cpu / n:.1f} µs per event"
     )
     print(f"relay / raw aiohttp:   {ratio(n, relay_secs, before, after):.2f}  (target >= 0.8)")
 

@@ -323,7 +323,11 @@ def build_target(
 
     local = getattr(cls, "conformance_local_peer", None)
     if local is not None and isolate is not False:
-        return _local_peer_target(name, kind, local(base.config), build, read_timeout, timeout)
+        peer_target = _local_peer_target(name, kind, local(base.config), build, read_timeout, timeout)
+        late_options = getattr(cls, "conformance_late_reader_options", None)
+        if late_options is not None:
+            return dataclasses.replace(peer_target, late_reader=lambda t, target: t.reader(target, **late_options))
+        return peer_target
     cleanup = (
         _class_hook(lambda t: per_check(t, {}), timeout, "conformance_cleanup")
         if option is not None and hasattr(cls, "conformance_cleanup")

@@ -164,6 +164,11 @@ class DestinationWorker:
         if now < self.blocked_until:
             await self._sleep(self.blocked_until - now)
             return
+        if not relay.routing_waits:  # the store may know, without a query, that nothing is due yet
+            quiet = relay.store.quiet_until(self.name, relay.config.relay.poll_interval)
+            if quiet > now:
+                await self._wait_for_work(quiet)
+                return
         await self.slots.acquire()
         room = 0 if relay.stopping else await relay.budget.room()
         if room <= 0:  # stopping
@@ -255,9 +260,14 @@ class DestinationWorker:
             await asyncio.wait_for(self.wake.wait(), timeout=max(0.0, seconds))
         self.wake.clear()
 
-    async def _wait_for_work(self) -> None:
-        next_due = await self.relay.db(self.relay.store.next_due, self.name)
+    async def _wait_for_work(self, quiet: float = 0.0) -> None:
+        """Sleep until woken or the next lane is due (``quiet``, else the store's
+        :meth:`~outrelay.core.stores.base.Store.quiet_until` or its ``next_due``),
+        at most a poll interval."""
         poll = self.relay.config.relay.poll_interval
+        next_due: float | None = quiet or self.relay.store.quiet_until(self.name, poll)
+        if not next_due:
+            next_due = await self.relay.db(self.relay.store.next_due, self.name)
         timeout = poll if next_due is None else min(poll, max(0.001, next_due - time.time()))
         if self.relay.routing_waits:  # appends came in meanwhile: the next claim routes them
             return

@@ -231,6 +231,9 @@ class Relay:
             return False
         self._unrouted = False
         self._routing += 1
+        if self._handoff is not None:  # this routing takes the waiting appends: no wake-up for them later
+            self._handoff.cancel()
+            self._handoff = None
         return True
 
     def routing_done(self) -> None:

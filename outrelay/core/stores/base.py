@@ -265,6 +265,16 @@ class Store(ABC):
     def next_due(self, destination: str) -> float | None:
         """Earliest ``due_at`` of an unparked lane of ``destination``, or None."""
 
+    def quiet_until(self, destination: str, ttl: float) -> float:
+        """A time (``time.time()``) before which a claim of ``destination`` by this
+        relay would find nothing, as far as the store already knows without
+        asking the database; 0.0 when it does not know (the default). Called
+        from the event loop: it must not block. Knowledge older than ``ttl``
+        seconds is not trusted (work other processes make due is not always
+        announced). A relay still claims at once when woken by new appends,
+        routing or a settled batch; the store forgets what it knew on those."""
+        return 0.0
+
     def leased_elsewhere(self, destination: str, owner: str, now: float) -> float | None:
         """Latest lease expiry (``due_at``) of ``destination``'s lanes leased
         by a relay other than ``owner`` and not expired at ``now``, or None.

@@ -53,6 +53,7 @@ from outrelay.core.stores.postgres_pool import ConnectionPool, Listener, parse_u
 from outrelay.core.stores.postgres_relay import RelayMixin
 from outrelay.core.stores.postgres_schema import Names, apply_migrations, check_version, current_version
 from outrelay.core.stores.postgres_schema import migration_sql as _migration_sql
+from outrelay.core.stores.postgres_script import BEGIN_RELAXED, ScriptMixin
 
 __all__ = ["PostgresStore"]
 
@@ -60,11 +61,12 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
-_BEGIN_RELAXED = "BEGIN; SET LOCAL synchronous_commit = off"
 _TRANSIENT = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure, psycopg.errors.LockNotAvailable)
 
 
-class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin, PostgresAuditMixin, Store):
+class PostgresStore(
+    RelayMixin, ScriptMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin, PostgresAuditMixin, Store
+):
     """See the module docstring. Options (URL query or keyword): ``schema``,
     ``prefix``, ``pool_size`` (connections = relay store threads), ``notify``,
     ``migrate`` (create/upgrade tables on open; else only check the version).
@@ -85,6 +87,7 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
         self._listeners: list[Listener] = []
         self._local: list[Callable[[str], None]] = []  # listen() callbacks, called by this process's routing
         self._claims_full: dict[str, bool] = {}
+        self._init_script()
         self._pool = ConnectionPool(self._conninfo, self.max_workers, self.where)
         #: versions the open applied (``outrelay migrate`` can report them)
         self.migrations_applied: list[int] = []
@@ -129,6 +132,7 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
         first: str = "",
         finish: Callable[[T], str] | None = None,
         single: bool = False,
+        script: bool = False,
     ) -> T:
         """Run ``fn`` in one transaction; retry deadlocks/serialization failures,
         and once on a dropped connection (every relay-side call is idempotent
@@ -146,11 +150,23 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
 
         ``single``: ``fn`` runs one statement, on the autocommit connection as its own
         transaction (no ``BEGIN`` and ``COMMIT`` round trips): for a read that needs no
-        snapshot beyond its statement's."""
+        snapshot beyond its statement's.
+
+        ``script``: ``fn`` gets a client-side binding cursor on the autocommit
+        connection and sends its whole transaction in one message (see
+        :mod:`.postgres_script`).
+
+        Any other call (a transaction that is not the relay's hot path: an
+        operator's replay, an enable, a status read) forgets what
+        :meth:`quiet_until` knew, since it may have made lanes due."""
+        if not (relaxed or single or script):
+            self.forget_quiet()
         attempt = 0
         while True:
             attempt += 1
             try:
+                if script:
+                    return self._scripted(fn)
                 if relaxed:
                     return self._relaxed(fn, first, finish)
                 if single:
@@ -177,7 +193,7 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
             (or the broken connection dropped by the pool).
         """
         with self._pool.connection() as conn, conn.cursor() as cur:
-            cur.execute(f"{_BEGIN_RELAXED}; {first}" if first else _BEGIN_RELAXED)
+            cur.execute(f"{BEGIN_RELAXED}; {first}" if first else BEGIN_RELAXED)
             try:
                 if first:
                     cur.nextset()  # past BEGIN
@@ -252,6 +268,8 @@ class PostgresStore(RelayMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin,
 
         def heard(payload: str, pid: int) -> None:
             if payload != "routed" or pid not in pids:
+                if payload == "routed":
+                    self.forget_quiet()  # before the wake-up: the woken worker must claim
                 callback(payload)
 
         listener = Listener(self._conninfo, self.n.channel, heard, self.where)

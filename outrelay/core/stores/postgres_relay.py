@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from outrelay.core.envelope import Event
 from outrelay.core.stores.base import Claimed, Settlement
+from outrelay.core.stores.postgres_script import Statement, statement
 
 if TYPE_CHECKING:
     import psycopg
@@ -43,6 +44,13 @@ class RelayMixin:
             first: str = "", finish: Callable[[T], str] | None = None,
         ) -> T: ...  # fmt: skip
         def _routed_here(self) -> None: ...
+        def _script(self, statements: Sequence[Statement], args: dict[str, Any]) -> list[list[Any]]: ...
+        def forget_quiet(self) -> None: ...
+        def _know_quiet(self, destination: str, version: int, due: float | None, read_at: float) -> None: ...
+        def _lower_quiet(self, destination: str, due: float) -> None: ...
+
+        _quiet_version: int
+
         def _q(self, sql: str, args: Sequence[Any] | dict[str, Any] = (), *, single: bool = False) -> list[Any]: ...
         @staticmethod
         def _event(seq: int, attrs: Any, data: bytes) -> Event: ...
@@ -74,7 +82,16 @@ class RelayMixin:
         self._run(fn)
 
     def route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
+        dests = self._static(router)
+        if dests is not None:
+            return self._route_script(dests, limit, now, None, {})[0]
         return self._routing_tx(router, limit, now, lambda cur: [])[0]
+
+    def _static(self, router: Callable[[Event], Sequence[str]]) -> list[str] | None:
+        """The destinations of every event when routing needs no event (static routes, at least one
+        destination) and no audit chain records it; else None."""
+        static = getattr(router, "static_destinations", None)
+        return list(static) if static and self.audit is None else None
 
     def route_and_claim(
         self, router: Callable[[Event], Sequence[str]], route_limit: int, destination: str, **claim: Any
@@ -95,7 +112,65 @@ class RelayMixin:
         if self.audit is not None:
             raise RuntimeError("route_and_claim is not offered with the audit chain on; route, then claim")
         now = claim["now"]
+        dests = self._static(router)
+        if dests is not None and not self._claims_full.get(destination):
+            return self._route_script(dests, route_limit, now, destination, claim)
         return self._routing_tx(router, route_limit, now, lambda cur: self._claim_in(cur, destination, **claim))
+
+    def _route_script(
+        self, dests: list[str], limit: int, now: float, destination: str | None, claim: dict[str, Any]
+    ) -> tuple[int, list[Claimed]]:
+        """Static routing (and, given ``destination``, its claim) as one message: one round trip from
+        commit to claimed (see :meth:`PostgresStore._script`). The routing statement takes the advisory
+        lock itself and routes nothing when another relay holds it; it notifies ``routed`` when it
+        routed anything."""
+        version = self._quiet_version
+        script = self._scripts()
+        statements = [script["route"]]
+        args: dict[str, Any] = {"rlim": limit, "dests": dests, "now": now}
+        if destination is not None:
+            statements += script["claim"]
+            args.update(self._claim_args(destination, **claim))
+        results = self._script(statements, args)
+        routed = int(results[0][0][0])
+        if routed:
+            self.forget_quiet()  # every destination has new lanes (this one's claim below saw them)
+            version += 1
+            if self.notify:
+                self._routed_here()
+        if destination is None:
+            return routed, []
+        return routed, self._claimed_script(results[1:], destination, claim["limit"], version, now)
+
+    def _scripts(self) -> dict[str, Any]:
+        """This store's script statements (see :mod:`.postgres_script`), built once: ``route``, and the
+        lists ``claim`` (lock, claim, next due) and ``settle`` (lock, settle)."""
+        built: dict[str, Any] | None = getattr(self, "_built_scripts", None)
+        if built is None:
+            n = self.n
+            note = f"pg_notify('{n.channel}', 'routed')"
+            notify = f", nt AS MATERIALIZED (SELECT {note} FROM (SELECT 1 FROM sel LIMIT 1) x)" if self.notify else ""
+            noted = ", (SELECT count(*) FROM nt)" if self.notify else ""  # a CTE nothing reads never runs
+            due = (
+                f"SELECT min(due_at) FROM {n.lanes} WHERE destination = %(dest)s AND NOT parked "
+                "AND owner IS DISTINCT FROM %(owner)s"
+            )
+            built = {
+                "route": statement(
+                    "outrelay_route", _ROUTE_SCRIPT.format(n=n, fan=_ROUTE_FAN.format(n=n), notify=notify, noted=noted)
+                ),
+                "claim": [
+                    statement("outrelay_lock", _LOCK_SCRIPT.format(n=n)),
+                    statement("outrelay_claim", _CLAIM_SQL.format(n=n, locked=_LOCKED)),
+                    statement("outrelay_due", due),
+                ],
+                "settle": [
+                    statement("outrelay_own", _OWN_SCRIPT.format(n=n)),
+                    statement("outrelay_settle", _SETTLE_SQL.format(n=n, owned=_OWNED)),
+                ],
+            }
+            self._built_scripts = built
+        return built
 
     def _routing_tx(
         self,
@@ -116,8 +191,10 @@ class RelayMixin:
         routed, claimed = self._run(
             fn, relaxed=True, first=self._route_lock(), finish=lambda result: self._routed_note(result[0])
         )
-        if routed and self.notify:
-            self._routed_here()
+        if routed:
+            self.forget_quiet()
+            if self.notify:
+                self._routed_here()
         return routed, claimed
 
     def _route_lock(self) -> str:
@@ -166,17 +243,7 @@ class RelayMixin:
             cur.execute(take, {"lim": limit, "only": only})
             return cur.rowcount
         cur.execute(
-            f"WITH sel AS MATERIALIZED ({take}), "
-            "fan AS MATERIALIZED (SELECT u.d, sel.stream, sel.seq FROM sel CROSS JOIN unnest(%(dests)s::text[]) u(d)), "
-            f"ins AS (INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "
-            "  SELECT d, stream, seq, %(now)s FROM fan ORDER BY d, seq RETURNING destination, stream), "
-            # reading ins makes the deliveries go in first: the lanes are locked last, for the shortest time
-            # (PostgreSQL would otherwise run an unread data-modifying CTE in any order, this one first)
-            f"up AS (INSERT INTO {n.lanes} (destination, stream, due_at, pending) "
-            "  SELECT destination, stream, %(now)s, count(*) FROM ins GROUP BY destination, stream "
-            "  ORDER BY destination, stream "
-            f"  ON CONFLICT (destination, stream) DO UPDATE SET pending = {n.lanes}.pending + excluded.pending) "
-            "SELECT count(*) FROM sel",
+            f"WITH sel AS MATERIALIZED ({take}), {_ROUTE_FAN.format(n=n)} SELECT count(*) FROM sel",
             {"lim": limit, "dests": dests, "now": now, "only": only},
         )
         return int(cur.fetchone()[0])  # type: ignore[index]
@@ -254,47 +321,76 @@ class RelayMixin:
         found empty, and return the picked rows with their data (binary
         protocol: no hex-encoded bytea).
 
-        After a claim that was not full, one read first asks whether any lane is
-        due at all: between batches and at a trickle of appends most claims find
-        nothing, and the read takes one round trip where the transaction takes
-        three. A lane due just after the read is claimed next time, as if this
-        claim had run a moment earlier."""
+        After a claim that was not full (a trickle of appends, the end of a
+        backlog), the claim is one message instead (see :meth:`_script`): the
+        same two statements and a read of when the next lane is due, which
+        :meth:`quiet_until` then answers from; results in the text format,
+        which is cheap for the few events such a claim finds. With the audit
+        chain on, a read first asks whether any lane is due at all."""
+        args = self._claim_args(
+            destination, limit=limit, per_lane=per_lane, owner=owner, lease_seconds=lease_seconds, now=now,
+            max_bytes=max_bytes,
+        )  # fmt: skip
+        if self.audit is None and not self._claims_full.get(destination):
+            version = self._quiet_version
+            results = self._script(self._scripts()["claim"], args)
+            return self._claimed_script(results, destination, limit, version, now)
         if not self._claims_full.get(destination) and not self._q(
             f"SELECT 1 FROM {self.n.lanes} WHERE {_DUE_LANE} LIMIT 1", (destination, now, owner), single=True
         ):
             return []
-        claimed = self._run(
-            lambda cur: self._claim_in(
-                cur, destination, limit=limit, per_lane=per_lane, owner=owner, lease_seconds=lease_seconds,
-                now=now, max_bytes=max_bytes,
-            ),
-            relaxed=True,
-        )  # fmt: skip
+        claimed = self._run(lambda cur: self._claim_locked(cur, args), relaxed=True)
         self._claims_full[destination] = len(claimed) >= limit  # a hint only: a race costs one round trip
+        self._lower_quiet(destination, 0.0)  # full, or no hint taken: the next claim asks the database
         if self.audit is not None:  # settling then describes the batch without reading it again
             self.audit.remember(claimed)
         return claimed
 
-    def _claim_in(
-        self, cur: Cursor, destination: str, *, limit: int, per_lane: int, owner: str, lease_seconds: float,
-        now: float, max_bytes: int | None = None,
-    ) -> list[Claimed]:  # fmt: skip
+    def _claim_in(self, cur: Cursor, destination: str, **claim: Any) -> list[Claimed]:
         """:meth:`claim`'s two statements, in the caller's transaction."""
+        return self._claim_locked(cur, self._claim_args(destination, **claim))
+
+    def _claim_locked(self, cur: Cursor, args: dict[str, Any]) -> list[Claimed]:
+        """:meth:`claim`'s two statements (arguments from :meth:`_claim_args`), in the caller's transaction."""
         n = self.n
         cur.execute(
             f"SELECT stream FROM {n.lanes} WHERE {_DUE_LANE} ORDER BY due_at LIMIT %s FOR UPDATE SKIP LOCKED",
-            (destination, now, owner, limit),
+            (args["dest"], args["now"], args["owner"], args["lim"]),
         )
         locked = [r[0] for r in cur]
         if not locked:
             return []
-        args = {
-            "dest": destination, "owner": owner, "lim": limit, "per_lane": per_lane, "locked": locked,
+        cur.execute(_CLAIM_SQL.format(n=n, locked="%(locked)s::text[]"), {**args, "locked": locked}, binary=True)
+        return _decoded(cur)
+
+    @staticmethod
+    def _claim_args(
+        destination: str, *, limit: int, per_lane: int, owner: str, lease_seconds: float, now: float,
+        max_bytes: int | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        return {
+            "dest": destination, "owner": owner, "lim": limit, "per_lane": per_lane, "now": now,
             "until": now + lease_seconds, "budget": max_bytes if max_bytes is not None else 2**62,
         }  # fmt: skip
-        cur.execute(_CLAIM_SQL.format(n=n), args, binary=True)
-        decode = Event.from_attributes
-        return [Claimed(d_id, decode(attrs, data, seq), att, first) for d_id, att, first, seq, attrs, data in cur]
+
+    def _claimed_script(
+        self, results: list[list[Any]], destination: str, limit: int, version: int, now: float
+    ) -> list[Claimed]:
+        """The claim of the results of the script's ``claim`` statements (lock the due lanes, their names
+        kept in the transaction's ``outrelay.lanes`` setting; claim from them in a snapshot taken after
+        the lock, as :meth:`_claim_in` does; read when the next lane this relay does not hold is due).
+        After a claim that was not full, remembers when the next lane is due (see ``quiet_until``)."""
+        claimed = _decoded(results[1])
+        full = len(claimed) >= limit
+        self._claims_full[destination] = full
+        if full:
+            self._lower_quiet(destination, 0.0)
+        else:
+            due = None if results[2][0][0] is None else float(results[2][0][0])
+            if not claimed and due is not None and due <= now:  # due lanes another relay's transaction held
+                due = now + _CONTENDED
+            self._know_quiet(destination, version, due, now)
+        return claimed
 
     def renew_leases(self, owner: str, lease_seconds: float, now: float) -> int:
         def fn(cur: Cursor) -> int:
@@ -317,7 +413,6 @@ class RelayMixin:
         lanes and count the delivered."""
         if not settlements:
             return
-        n = self.n
         lanes: dict[str, list[Any]] = {}  # stream -> [due_at, parked]
         gone: list[Settlement] = []  # delivered first, then dead
         dead: list[Settlement] = []
@@ -337,31 +432,46 @@ class RelayMixin:
         ok = [True] * len(gone) + [False] * len(dead)
         gone += dead
         keys = sorted(lanes)
-        finish = _SETTLE_SQL.format(n=n)
         args = {
             "dest": destination, "streams": keys, "due": [lanes[k][0] for k in keys],
             "parked": [lanes[k][1] for k in keys], "gone": [s.delivery_id for s in gone], "ok": ok,
-            "gone_streams": [s.stream for s in gone],
+            "gone_streams": [s.stream for s in gone], "now": now,
         }  # fmt: skip
 
-        def fn(cur: Cursor) -> None:
-            cur.execute(
-                f"SELECT stream FROM {n.lanes} WHERE destination = %s AND stream = ANY(%s) AND owner = %s "
-                "ORDER BY stream FOR UPDATE",
-                (destination, keys, owner),
+        if not slow and self.audit is None:  # every outcome delivered: one message (see _script)
+            kept = self._script(self._scripts()["settle"], {**args, "owner": owner})[1][0][0]
+        else:
+            kept = self._run(
+                lambda cur: self._settle_in(cur, destination, owner, settlements, slow, args), relaxed=True
             )
-            owned = [r[0] for r in cur]  # others: lease lost, the new owner sends them again
-            if not owned:
-                return
-            if slow:
-                self._record(cur, destination, [s for s in slow if s.stream in set(owned)], now)
-            mine = [s for s in settlements if s.stream in set(owned)] if self.audit is not None else []
-            found = self._audit_settle_read(cur, mine) if mine else {}
-            cur.execute(finish, {**args, "owned": owned})
-            if found:  # last: the audit lock is held only while this transaction commits
-                self._audit_settled(cur, destination, mine, found, now)
+        if kept is not None:  # a lane still has deliveries: it is due again
+            self._lower_quiet(destination, float(kept))
 
-        self._run(fn, relaxed=True)
+    def _settle_in(
+        self, cur: Cursor, destination: str, owner: str, settlements: Sequence[Settlement],
+        slow: list[Settlement], args: dict[str, Any],
+    ) -> float | None:  # fmt: skip
+        """:meth:`settle` a statement at a time (failures to record, or the audit chain on); returns
+        when the earliest lane it kept pending is due (None: none kept)."""
+        n = self.n
+        now = args["now"]
+        cur.execute(
+            f"SELECT stream FROM {n.lanes} WHERE destination = %s AND stream = ANY(%s) AND owner = %s "
+            "ORDER BY stream FOR UPDATE",
+            (destination, args["streams"], owner),
+        )
+        owned = [r[0] for r in cur]  # others: lease lost, the new owner sends them again
+        if not owned:
+            return None
+        if slow:
+            self._record(cur, destination, [s for s in slow if s.stream in set(owned)], now)
+        mine = [s for s in settlements if s.stream in set(owned)] if self.audit is not None else []
+        found = self._audit_settle_read(cur, mine) if mine else {}
+        cur.execute(_SETTLE_SQL.format(n=n, owned="%(owned)s::text[]"), {**args, "owned": owned})
+        kept = cur.fetchone()[0]  # type: ignore[index]
+        if found:  # last: the audit lock is held only while this transaction commits
+            self._audit_settled(cur, destination, mine, found, now)
+        return None if kept is None else float(kept)
 
     def _record(self, cur: Cursor, destination: str, slow: Sequence[Settlement], now: float) -> None:
         """Attempts of retried/parked deliveries and dead-letter rows (before their deliveries go)."""
@@ -409,37 +519,95 @@ class RelayMixin:
         return int(self._q(f"SELECT COUNT(*) FROM {self.n.unrouted}")[0][0])
 
 
+#: seconds a claim that found nothing waits before trying again lanes that were due but locked by another
+#: relay (its claim or settle; it usually takes them itself next): several relays draining one outbox
+#: would otherwise spin on them, a claim a millisecond each
+_CONTENDED = 0.02
+
 #: a lane ``claim`` may take: (destination, now, owner) — its due-lane read and its lock use the same test
 _DUE_LANE = "destination = %s AND NOT parked AND due_at <= %s AND owner IS DISTINCT FROM %s"
 
-#: claim's second statement (see :meth:`RelayMixin.claim`); ``{n}`` gives the table names
+
+def _decoded(rows: Any) -> list[Claimed]:
+    """The claimed deliveries of the rows of :data:`_CLAIM_SQL` (a cursor or a list)."""
+    decode = Event.from_attributes
+    return [Claimed(d_id, decode(attrs, data, seq), att, first) for d_id, att, first, seq, attrs, data in rows]
+
+
+#: the fan-out of routed events ``sel`` (seq, stream) to ``%(dests)s``: their deliveries (ids of a lane
+#: ascend with seq), then the lanes with their new counts, in (destination, stream) order
+_ROUTE_FAN = (
+    "fan AS MATERIALIZED (SELECT u.d, sel.stream, sel.seq FROM sel CROSS JOIN unnest(%(dests)s::text[]) u(d)), "
+    "ins AS (INSERT INTO {n.deliveries} (destination, stream, event_seq, created_at) "
+    "  SELECT d, stream, seq, %(now)s FROM fan ORDER BY d, seq RETURNING destination, stream), "
+    # reading ins makes the deliveries go in first: the lanes are locked last, for the shortest time
+    # (PostgreSQL would otherwise run an unread data-modifying CTE in any order, this one first)
+    "up AS (INSERT INTO {n.lanes} (destination, stream, due_at, pending) "
+    "  SELECT destination, stream, %(now)s, count(*) FROM ins GROUP BY destination, stream "
+    "  ORDER BY destination, stream "
+    "  ON CONFLICT (destination, stream) DO UPDATE SET pending = {n.lanes}.pending + excluded.pending)"
+)
+
+#: static routing as one statement of a script: the advisory lock (nothing is routed when another relay
+#: holds it), up to ``%(rlim)s`` events off the routing queue, ``{fan}`` (:data:`_ROUTE_FAN`), and
+#: ``{notify}`` (a CTE that notifies ``routed`` when anything was routed, or nothing); returns the count
+_ROUTE_SCRIPT = (
+    "WITH lk AS MATERIALIZED (SELECT pg_try_advisory_xact_lock(hashtext('{n.route_key}')) AS ok), "
+    "sel AS MATERIALIZED (DELETE FROM {n.unrouted} WHERE (SELECT ok FROM lk) "
+    "  AND seq = ANY(ARRAY(SELECT seq FROM {n.unrouted} ORDER BY seq LIMIT %(rlim)s)) RETURNING seq, stream), "
+    "{fan}{notify} SELECT (SELECT count(*) FROM sel){noted}"
+)
+
+#: claim's lock as a statement of a script: the due lanes' names go to the setting ``outrelay.lanes``
+_LOCK_SCRIPT = (
+    "SELECT set_config('outrelay.lanes', COALESCE((SELECT array_agg(stream ORDER BY due_at)::text FROM "
+    "  (SELECT stream, due_at FROM {n.lanes} WHERE destination = %(dest)s AND NOT parked AND due_at <= %(now)s "
+    "   AND owner IS DISTINCT FROM %(owner)s ORDER BY due_at LIMIT %(lim)s FOR UPDATE SKIP LOCKED) s), '{{}}'), true)"
+)
+_LOCKED = "current_setting('outrelay.lanes')::text[]"
+
+#: settle's lock as a statement of a script: the lanes still leased go to the setting ``outrelay.owned``
+_OWN_SCRIPT = (
+    "SELECT set_config('outrelay.owned', COALESCE((SELECT array_agg(stream)::text FROM "
+    "  (SELECT stream FROM {n.lanes} WHERE destination = %(dest)s AND stream = ANY(%(streams)s::text[]) "
+    "   AND owner = %(owner)s ORDER BY stream FOR UPDATE) s), '{{}}'), true)"
+)
+_OWNED = "current_setting('outrelay.owned')::text[]"
+
+#: claim's second statement (see :meth:`RelayMixin.claim`); ``{n}`` gives the table names, ``{locked}``
+#: the locked lanes (a text[] in their order)
 _CLAIM_SQL = (
     "WITH head AS MATERIALIZED (SELECT l.o, l.stream, d.id, d.attempts, d.first_attempt_at, d.event_seq "
-    "  FROM unnest(%(locked)s::text[]) WITH ORDINALITY AS l(stream, o) "
+    "  FROM unnest({locked}) WITH ORDINALITY AS l(stream, o) "
     "  CROSS JOIN LATERAL (SELECT id, attempts, first_attempt_at, event_seq FROM {n.deliveries} "
     "    WHERE destination = %(dest)s AND stream = l.stream ORDER BY id LIMIT %(per_lane)s) d "
     "  ORDER BY l.o, d.id LIMIT %(lim)s), "
-    "sized AS MATERIALIZED (SELECT h.*, e.ctid AS tid, e.attrs, row_number() OVER w AS rn, "
-    "  sum(octet_length(e.data)) OVER w AS run "
-    "  FROM head h JOIN {n.events} e ON e.seq = h.event_seq WINDOW w AS (ORDER BY h.o, h.id)), "
+    # the sizes below the window's sort, so that sort carries no event data
+    "sized AS MATERIALIZED (SELECT x.*, row_number() OVER w AS rn, sum(x.size) OVER w AS run FROM "
+    "  (SELECT h.*, e.ctid AS tid, octet_length(e.data) AS size "
+    "   FROM head h JOIN {n.events} e ON e.seq = h.event_seq) x "
+    "  WINDOW w AS (ORDER BY x.o, x.id)), "
     # running sums grow along the order, so this keeps a prefix of each lane; the first row always
     "picked AS MATERIALIZED (SELECT * FROM sized WHERE rn = 1 OR run <= %(budget)s), "
     "lease AS (UPDATE {n.lanes} SET owner = %(owner)s, due_at = %(until)s "
     "  WHERE destination = %(dest)s AND stream IN (SELECT stream FROM picked)), "
     # a locked lane whose deliveries are gone (counter drift) would be "due" forever
     "empty AS (DELETE FROM {n.lanes} l WHERE destination = %(dest)s "
-    "  AND (SELECT count(*) FROM head) < %(lim)s AND stream = ANY(%(locked)s) "
+    "  AND (SELECT count(*) FROM head) < %(lim)s AND stream = ANY({locked}) "
     "  AND NOT EXISTS (SELECT 1 FROM {n.deliveries} d WHERE d.destination = l.destination AND d.stream = l.stream)) "
-    # the data by the row's address found above (a TID scan: no second descent of the events' key; event
-    # rows are never updated, and this statement's snapshot sees the version it found)
-    "SELECT p.id, p.attempts, p.first_attempt_at, p.event_seq, p.attrs, e.data "
-    "FROM picked p JOIN {n.events} e ON e.ctid = p.tid ORDER BY p.rn"
+    # the attributes and data by the row's address found above (a TID scan: no second descent of the
+    # events' key; event rows are never updated, and this statement's snapshot sees the version it found),
+    # joined to the picked rows in their order, so no sort carries them
+    "SELECT p.id, p.attempts, p.first_attempt_at, p.event_seq, e.attrs, e.data "
+    "FROM (SELECT * FROM picked ORDER BY rn) p "
+    "CROSS JOIN LATERAL (SELECT attrs, data FROM {n.events} e WHERE e.ctid = p.tid) e ORDER BY p.rn"
 )
 
-#: settle's second statement (lanes ``owned`` are locked): delete the delivered/dead deliveries of
-#: those lanes, release or drop the lanes, count the delivered
+#: settle's second statement (lanes ``{owned}`` are locked): delete the delivered/dead deliveries of
+#: those lanes, release or drop the lanes, count the delivered; returns when the earliest lane kept
+#: (with deliveries left, not parked) is due, or NULL
 _SETTLE_SQL = (
-    "WITH own AS MATERIALIZED (SELECT unnest(%(owned)s::text[]) AS stream), "
+    "WITH own AS MATERIALIZED (SELECT unnest({owned}) AS stream), "
     # by primary key, only rows of lanes in own (joined before the delete: never a scan of whole lanes)
     "del AS (DELETE FROM {n.deliveries} d USING (SELECT g.* FROM "
     "  unnest(%(gone)s::bigint[], %(ok)s::bool[], %(gone_streams)s::text[]) g(id, ok, stream) "
@@ -452,11 +620,11 @@ _SETTLE_SQL = (
     "  JOIN own USING (stream) LEFT JOIN cnt c USING (stream)), "
     "upd AS (UPDATE {n.lanes} l SET pending = l.pending - lane.removed, owner = NULL, due_at = lane.due, "
     "  parked = lane.parked FROM lane WHERE l.destination = %(dest)s AND l.stream = lane.stream "
-    "  AND l.pending - lane.removed > 0), "
+    "  AND l.pending - lane.removed > 0 RETURNING CASE WHEN lane.parked THEN NULL ELSE lane.due END AS due), "
     "emptied AS (DELETE FROM {n.lanes} l USING lane WHERE l.destination = %(dest)s AND l.stream = lane.stream "
     "  AND l.pending - lane.removed <= 0), "
     "tot AS (INSERT INTO {n.destinations} (destination, delivered) "
     "  SELECT %(dest)s, sum(ok) FROM cnt HAVING sum(ok) > 0 ON CONFLICT (destination) "
     "  DO UPDATE SET delivered = {n.destinations}.delivered + excluded.delivered) "
-    "SELECT 1"
+    "SELECT min(due) FROM upd"
 )

@@ -29,24 +29,26 @@ __all__ = ["WebhookReader", "local_peer", "provision_receiver"]
 
 
 class WebhookReader(Reader):
-    """Reads accepted events of the receiver serving ``target``.
+    """Reads accepted events of the receiver serving ``target`` (``from_beginning``: also those it
+    accepted before the reader started, which is what the receiver keeps).
 
     :raises UsageError: on :meth:`start`, when no receiver in this process
         serves ``target`` (start a :class:`WebhookReceiver` first).
     """
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, *, from_beginning: bool = False) -> None:
         self.target = target
         self.path = urlsplit(target).path or "/"
         self._receiver: WebhookReceiver | None = None
         self._pos = 0
+        self._from_beginning = from_beginning
 
     async def start(self) -> None:
         receiver = WebhookReceiver.serving(self.target)
         if receiver is None:
             raise UsageError(f"no WebhookReceiver in this process serves {self.target}; start one and post to its url")
         self._receiver = receiver
-        self._pos = len(receiver.requests)
+        self._pos = 0 if self._from_beginning else len(receiver.requests)
 
     def _matches(self, r: WebhookRequest) -> bool:
         return r.verified and r.event is not None and not r.ping and r.accepted and urlsplit(r.path).path == self.path

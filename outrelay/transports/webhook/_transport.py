@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import httpx
 
@@ -225,12 +225,16 @@ class WebhookTransport(Transport):
 
         return local_peer(config.secrets() or None)
 
+    #: the durability check's late reader: the receiver keeps what it accepted
+    conformance_late_reader_options: ClassVar[Mapping[str, Any]] = {"from_beginning": True}
+
     def reader(self, target: str, **options: Any) -> Reader:
         """Read what a running :class:`~outrelay.transports.webhook.receiver.WebhookReceiver`
-        at ``target`` accepted. :raises UsageError: no receiver serves ``target``."""
+        at ``target`` accepted (``from_beginning=True``: also before the reader started).
+        :raises UsageError: no receiver serves ``target``."""
         from outrelay.transports.webhook._reader import WebhookReader
 
-        return WebhookReader(target)
+        return WebhookReader(target, from_beginning=bool(options.get("from_beginning")))
 
     def __repr__(self) -> str:
         return f"<WebhookTransport destination={self.destination!r} url={safe_url(self.cfg.url)!r} {self._state}>"
