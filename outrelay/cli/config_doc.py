@@ -25,7 +25,9 @@ from outrelay.cli._option_notes import NOTES
 from outrelay.core import templates
 from outrelay.core.config import (
     AuditConfig,
+    BreakerConfig,
     BusConfig,
+    ClaimCheckConfig,
     CryptoConfig,
     CryptoRule,
     DestinationConfig,
@@ -54,6 +56,8 @@ _CORE: list[tuple[str, type[BaseModel], str]] = [
     ("[[crypto.rules]]", CryptoRule, "Which events are encrypted, and for which destinations."),
     ("[destinations.NAME]", DestinationConfig, ""),
     ("[destinations.NAME.retry]", RetryPolicy, ""),
+    ("[destinations.NAME.breaker]", BreakerConfig, ""),
+    ("[destinations.NAME.claim_check]", ClaimCheckConfig, ""),
     ("[[routes]]", RouteConfig, ""),
 ]
 
@@ -150,7 +154,7 @@ def render() -> str:
         text = intro or rst_to_md(doc(model))
         if text:
             out += [text, ""]
-        skip = ("retry",) if model is DestinationConfig else ()
+        skip = ("retry", "breaker", "claim_check") if model is DestinationConfig else ()
         out += [*_table(model, skip=skip), ""]
         if model is DestinationConfig:
             out += [

@@ -19,6 +19,7 @@ import typer
 
 from outrelay.cli._common import ConfigOption, console, err_console, error_line, load, mask, secrets_of
 from outrelay.cli._validate import open_existing
+from outrelay.core.breaker import read_states
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.errors import ConfigError
 from outrelay.core.routing import UNROUTED_REASONS
@@ -59,6 +60,7 @@ def _collect(cfg: OutrelayConfig, now: float) -> dict[str, Any]:
         store = outbox.store
         rows = store.status(list(cfg.destinations), now)
         unrouted = store.unrouted()
+        breakers = read_states(cfg.outbox.url, now)
         docs = []
         for r in rows:
             d = r.as_dict()
@@ -66,6 +68,10 @@ def _collect(cfg: OutrelayConfig, now: float) -> dict[str, Any]:
             d["last_error"] = mask(d["last_error"], secrets)
             d["disabled"] = mask(d["disabled"], secrets)
             d["config_error"] = mask(invalid.get(r.destination), secrets)
+            # open circuit breakers of the running relays (none: closed, or no relay runs)
+            d["breaker"] = [
+                {**b, "last_error": mask(b.get("last_error"), secrets)} for b in breakers.get(r.destination, [])
+            ]
             stuck = store.stuck_streams(r.destination, limit=STREAMS_JSON) if isinstance(store, LaneOperations) else []
             d["retrying"] = [{**s.as_dict(), "last_error": mask(s.last_error, secrets)} for s in stuck]
             parked = store.dead_letters(destination=r.destination, states=("parked",), limit=STREAMS_JSON)
@@ -103,6 +109,12 @@ def _state(d: dict[str, Any]) -> str:
         return f"invalid config: {d['config_error']}"
     if d["disabled"]:
         return f"disabled: {d['disabled']}"
+    if d["breaker"]:
+        b = d["breaker"][0]
+        return (
+            f"circuit breaker open ({b['probes']} probe(s), one every {b['probe_interval']:g}s): "
+            f"{b['last_error'] or 'unknown error'}"
+        )
     if d["last_error"] and d["last_error"].startswith("open failed"):  # cleared once the transport opens
         return f"failing: {d['last_error']}"
     if d["retrying"]:

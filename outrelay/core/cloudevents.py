@@ -8,9 +8,10 @@ Attribute names (all strings on the wire)::
     producerversion sequence     <- outbox sequence
     labels metadata              <- JSON objects; tags <- JSON array
     traceparent tracestate       <- metadata keys of the same name (the
-    keyid                           distributed-tracing extension, payload
-                                    encryption's key id): promoted to their own
-                                    attributes, back into metadata on decode
+    keyid dataref datarefsize       distributed-tracing extension, payload
+    datarefdigest                   encryption's key id, claim-check reference):
+                                    promoted to their own attributes, back into
+                                    metadata on decode
 
 ``binary_headers`` gives the binary-mode attributes under a protocol prefix
 (``ce-`` HTTP/NATS, ``ce_`` Kafka, ``cloudEvents_`` AMQP); ``datacontenttype``
@@ -74,8 +75,10 @@ _SIMPLE_ITEMS = tuple(_SIMPLE.items())
 
 #: Metadata keys carried as CloudEvents extension attributes of their own (not
 #: inside the ``metadata`` JSON): W3C trace context (the CloudEvents
-#: distributed-tracing extension) and the payload-encryption key id.
-PROMOTED_METADATA = ("traceparent", "tracestate", "keyid")
+#: distributed-tracing extension), the payload-encryption key id, and a
+#: claim-check reference (the CloudEvents ``dataref`` extension, with the
+#: payload's size and digest: :mod:`outrelay.plugins.claimcheck`).
+PROMOTED_METADATA = ("traceparent", "tracestate", "keyid", "dataref", "datarefsize", "datarefdigest")
 
 
 def attributes(event: Event) -> dict[str, str]:

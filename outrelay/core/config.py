@@ -49,7 +49,9 @@ from outrelay.core.errors import ConfigError
 
 __all__ = [
     "AuditConfig",
+    "BreakerConfig",
     "BusConfig",
+    "ClaimCheckConfig",
     "CryptoConfig",
     "CryptoRule",
     "DestinationConfig",
@@ -91,6 +93,78 @@ class RetryPolicy(_Frozen):
     max_retry_after: float = Field(3600.0, ge=0, le=86_400)
 
 
+class BreakerConfig(_Frozen):
+    """The ``[destinations.NAME.breaker]`` table: a circuit breaker for the destination
+    (see :mod:`outrelay.core.breaker`). Off unless the table is present.
+
+    Open, the destination is sent one probe per ``probe_interval`` (the head of
+    one stream) instead of its traffic; the first delivery closes it. A probe
+    that fails leaves its event pending as it was: no attempt counted, no
+    backoff, order kept.
+    """
+
+    failures: int = Field(
+        50,
+        ge=1,
+        le=1_000_000,
+        description="consecutive failed attempts (events that failed retryably, counted one per event) that "
+        "open the breaker",
+    )
+    failure_ratio: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="also open when at least this fraction of the attempts of the last `window` seconds failed "
+        "(once there were `min_attempts` of them); unset: consecutive failures only",
+    )
+    window: float = Field(60.0, gt=0, le=3600, description="seconds of attempts `failure_ratio` looks at")
+    min_attempts: int = Field(
+        20, ge=1, le=1_000_000, description="attempts in the window before `failure_ratio` may open the breaker"
+    )
+    probe_interval: float = Field(
+        30.0, gt=0, le=3600, description="while open, seconds between two probes (one event each)"
+    )
+
+
+class ClaimCheckConfig(_Frozen):
+    """The ``[destinations.NAME.claim_check]`` table: events too large for the
+    destination are stored once in a payload store and sent as a reference
+    (the claim-check pattern; see :mod:`outrelay.plugins.claimcheck` and
+    docs/claim-check.md). Off unless the table is present.
+    """
+
+    store: str = Field(
+        description="where payloads are stored: `file:///absolute/dir`, `s3://bucket/prefix` (boto3, the SDK's "
+        "credential chain) or `outbox` (table `outrelay_payloads` of the outbox database)"
+    )
+    threshold: int | None = Field(
+        None,
+        ge=0,
+        description="events whose data is larger than this many bytes are sent as a reference; "
+        "default: the transport's largest message (`max_message_bytes`)",
+    )
+    retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="the relay deletes payloads stored more than this many days ago (consumers must fetch "
+        "them sooner); unset: kept for ever (or use the bucket's lifecycle rules)",
+    )
+    endpoint_url: str | None = Field(None, description="`s3://` stores: a non-AWS endpoint (MinIO, moto)")
+    region: str | None = Field(None, description="`s3://` stores: the bucket's region (default: the SDK's)")
+
+    @field_validator("store")
+    @classmethod
+    def _store_url(cls, v: str) -> str:
+        if v == "outbox":
+            return v
+        scheme, sep, rest = v.partition("://")
+        if scheme == "file" and sep and rest.startswith("/"):
+            return v
+        if scheme == "s3" and sep and rest.split("/", 1)[0]:
+            return v
+        raise ValueError(f"store {v!r} is not a payload store: give file:///absolute/dir, s3://bucket/prefix or outbox")
+
+
 class DestinationConfig(BaseModel):
     """A destination: a transport plus its options.
 
@@ -119,6 +193,14 @@ class DestinationConfig(BaseModel):
         (),
         description="if set, only events of these tenants are ever sent here, whatever the routes say "
         "(events without a tenant neither)",
+    )
+    breaker: BreakerConfig | None = Field(
+        None, description="the `[destinations.NAME.breaker]` table: a circuit breaker (off when absent)"
+    )
+    claim_check: ClaimCheckConfig | None = Field(
+        None,
+        description="the `[destinations.NAME.claim_check]` table: large events sent as a reference to a payload "
+        "store (off when absent)",
     )
 
     @property

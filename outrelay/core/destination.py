@@ -4,7 +4,10 @@ Claims due lanes, sends batches through the transport with at most
 ``max_in_flight`` batches outstanding, and settles every message: delivered,
 retry at T (backoff with jitter, Retry-After honoured), dead-letter or park
 on exhaustion/rejection. A whole batch failing retryably pauses the
-destination (circuit breaking) instead of hammering a broker that is down.
+destination until its earliest retry instead of hammering a broker that is
+down; with ``[destinations.NAME.breaker]`` a :class:`~outrelay.core.breaker.Breaker`
+also stops its traffic after repeated failures and probes it (one event per
+interval) until it answers again.
 
 An outage is logged twice, not once per retry: the first failure after
 success (a batch with nothing delivered, or a failed open) is one WARNING
@@ -16,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from outrelay.core.breaker import Breaker, save_state
 from outrelay.core.config import DestinationConfig
 from outrelay.core.errors import PermanentError, RetryableError, StoreError, UsageError
 from outrelay.core.progress import Progress, sending
@@ -69,8 +74,10 @@ class DestinationWorker:
         self.last_error: str | None = None
         self._outage: str | None = None  # the error of the outage in progress (logged once)
         self._outage_since = 0.0
-        #: per-batch transforms plugins gave for this destination (payload encryption); usually none
-        self.transforms = relay.hook.outrelay_send_transform(config=relay.config, destination=name)
+        #: per-batch transforms plugins gave for this destination (payload encryption, claim-check); usually none
+        self.transforms = relay.hook.outrelay_send_transform(config=relay.config, destination=name, transport=transport)
+        #: the circuit breaker (``[destinations.NAME.breaker]``), or None
+        self.breaker = None if config.breaker is None else Breaker(config.breaker, name, self._breaker_changed)
 
     # -- outage log --------------------------------------------------------------
 
@@ -92,6 +99,20 @@ class DestinationWorker:
     def outage_seconds(self) -> float | None:
         """How long deliveries (or opening) have been failing without a success; None when healthy."""
         return None if self._outage is None else time.monotonic() - self._outage_since
+
+    def _breaker_changed(self, destination: str, state: str, reason: str) -> None:
+        self.relay.hook.outrelay_breaker_changed(destination=destination, state=state, reason=reason)
+
+    async def _save_breaker(self, breaker: Breaker) -> None:
+        """Write the breaker's state next to the outbox for ``outrelay status`` (best effort)."""
+        breaker.dirty = False
+        url = getattr(self.relay.store, "url", None)
+        if not isinstance(url, str):
+            return
+        try:
+            await self.relay.db(save_state, url, self.name, self.relay.owner, breaker.snapshot(), time.time())
+        except (StoreError, OSError) as exc:  # status then shows an older state; delivery goes on
+            log.debug("destination %s: could not record the circuit breaker's state (%s)", self.name, exc)
 
     def _recovered(self) -> None:
         if self._outage is not None:
@@ -153,11 +174,21 @@ class DestinationWorker:
         if room <= 0:  # stopping
             self.slots.release()
             return
+        # asked after the waits above: a batch that ended meanwhile may have opened the breaker
+        breaker = self.breaker
+        probe = breaker is not None and breaker.open
+        if probe:  # open: nothing but one event per probe interval
+            assert breaker is not None
+            wait = breaker.probe_wait(time.time())
+            if wait > 0:
+                self.slots.release()
+                await self._sleep(wait)
+                return
         claim_started = time.time()
         combined = relay.route_and_claim
         route = combined is not None and relay.take_routing()
         claim = {
-            "limit": self.batch_size, "per_lane": self.per_lane, "owner": relay.owner,
+            "limit": 1 if probe else self.batch_size, "per_lane": 1 if probe else self.per_lane, "owner": relay.owner,
             "lease_seconds": relay.config.relay.lease_seconds, "now": claim_started, "max_bytes": room,
         }  # fmt: skip
         try:
@@ -181,9 +212,16 @@ class DestinationWorker:
             self.slots.release()
             await self._wait_for_work()
             return
+        if not probe and breaker is not None and breaker.open:  # it opened during the claim: send none of it
+            self.slots.release()
+            await self._settle([Settlement(c.delivery_id, c.event.stream, "hold") for c in claimed], time.time())
+            return
         size = sum(len(c.event.data) for c in claimed)
         relay.budget.take(size)
-        task = asyncio.create_task(self._process(claimed, size, (claim_started, time.time())))
+        if probe:
+            assert breaker is not None
+            breaker.start_probe(time.time())
+        task = asyncio.create_task(self._process(claimed, size, (claim_started, time.time()), probe))
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
 
@@ -270,14 +308,18 @@ class DestinationWorker:
             return now
         if self.disabled is not None or not self.config.enabled:
             return float("inf")
-        if next_due is None:
+        if next_due is None or (self.breaker is not None and self.breaker.open):  # open: down, not busy
             return float("inf")
         return max(next_due, self.blocked_until)
 
     # -- one batch ---------------------------------------------------------------
 
     async def _process(
-        self, claimed: Sequence[Claimed], size: int = 0, claim_times: tuple[float, float] = (0.0, 0.0)
+        self,
+        claimed: Sequence[Claimed],
+        size: int = 0,
+        claim_times: tuple[float, float] = (0.0, 0.0),
+        probe: bool = False,
     ) -> None:
         settled = False
         messages: list[Message] = []
@@ -285,17 +327,20 @@ class DestinationWorker:
         try:
             transport = self.transport
             messages = [Message(c.event, transport.target(c.event), c.event.stream, c.attempts + 1) for c in claimed]
-            for transform in self.transforms:
-                messages = transform(messages)
+            failed: list[SendResult] | None = None
+            if self.transforms:
+                messages, failed = await self._transform(messages, progress)
             started, sent_at = time.monotonic(), time.time()
             self.sending.add(progress)
             try:
-                results, timed_out = await self._send(messages, progress)
+                results, timed_out = (failed, False) if failed is not None else await self._send(messages, progress)
             finally:
                 self.sending.discard(progress)
             elapsed = time.monotonic() - started
             now = time.time()
-            settlements, disable = self._plan(claimed, results, now)
+            # the breaker counts the outcomes; a probe's failure settles as held (not an attempt)
+            planned = results if self.breaker is None else self.breaker.outcomes(results, probe=probe, now=now)
+            settlements, disable = self._plan(claimed, planned, now)
             if disable is not None:  # stop claiming before the settle below releases the lanes
                 self.disabled = disable
                 self._disable_version += 1
@@ -331,6 +376,8 @@ class DestinationWorker:
                     extra={"destination": self.name, "error": disable},
                 )
                 await self.relay.db(self.relay.store.set_disabled, self.name, disable, now)
+            if self.breaker is not None and self.breaker.dirty:
+                await self._save_breaker(self.breaker)
             self.counts["batches"] += 1
             self.relay.hook.outrelay_batch_settled(
                 destination=self.name,
@@ -370,9 +417,36 @@ class DestinationWorker:
                 extra={"destination": self.name, "error": str(exc)},
             )
         finally:
+            if probe and self.breaker is not None:
+                self.breaker.probe_ended()
             self.relay.budget.free(size)
             self.slots.release()
             self.wake.set()
+
+    async def _transform(
+        self, messages: list[Message], progress: Progress
+    ) -> tuple[list[Message], list[SendResult] | None]:
+        """Apply the plugins' transforms. An ``async`` one may do I/O (the claim-check stores
+        payloads): they run within the attempt's deadline, and when one raises RetryableError
+        or PermanentError, or the deadline expires, every message of the batch takes that
+        failure (the second value), as when ``transport.send`` raises."""
+        failure: SendResult
+        try:
+            async with asyncio.timeout_at(progress.deadline):
+                for transform in self.transforms:
+                    out = transform(messages)
+                    messages = await out if inspect.isawaitable(out) else out
+            return messages, None
+        except TimeoutError:
+            failure = RetryLater(
+                f"preparing a batch for destination {self.name!r} took longer than attempt_timeout "
+                f"({self.config.attempt_timeout:g}s); it is retried"
+            )
+        except RetryableError as exc:
+            failure = RetryLater(str(exc), exc.retry_after)
+        except PermanentError as exc:
+            failure = Rejected(str(exc))
+        return messages, [failure] * len(messages)
 
     async def _settle_confirmed(self, claimed: Sequence[Claimed], messages: list[Message], progress: Progress) -> None:
         """Settle as delivered what ``progress`` says the broker confirmed, once, without retrying

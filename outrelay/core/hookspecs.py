@@ -13,7 +13,7 @@ arguments; an implementation may accept any subset of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from outrelay.core.config import OutrelayConfig
     from outrelay.core.envelope import Event
     from outrelay.core.registry import Registry
-    from outrelay.core.transport import Message, SendResult
+    from outrelay.core.transport import Message, SendResult, Transport
     from outrelay.core.upcasting import Upcasters
 
 __all__ = ["hookimpl", "hookspec"]
@@ -95,6 +95,15 @@ def outrelay_batch_settled(
     """
 
 
+@hookspec
+def outrelay_breaker_changed(destination: str, state: str, reason: str) -> None:
+    """``destination``'s circuit breaker (:mod:`outrelay.core.breaker`) changed
+    ``state``: ``"open"`` (``reason``: the failures that opened it) or
+    ``"closed"`` (a probe was delivered). Called once per transition, in the
+    event loop; must not block (the metrics plugin counts transitions here).
+    """
+
+
 # -------------------------------------------------------------------------
 # event versioning
 # -------------------------------------------------------------------------
@@ -117,18 +126,23 @@ def outrelay_add_upcasters(registry: Upcasters) -> None:
 
 @hookspec
 def outrelay_send_transform(
-    config: OutrelayConfig, destination: str
-) -> Callable[[list[Message]], list[Message]] | None:
+    config: OutrelayConfig, destination: str, transport: Transport
+) -> Callable[[list[Message]], list[Message] | Awaitable[list[Message]]] | None:
     """Return a function the relay applies to each batch for ``destination``
-    just before ``transport.send``, or None to leave its batches alone.
+    (whose transport is ``transport``) just before ``transport.send``, or
+    None to leave its batches alone.
 
     Called once per destination when the relay starts; a destination no
     plugin transforms pays nothing per batch. Several results apply in
     plugin order. The function returns as many messages, in the same order;
-    it must not raise: to refuse one message (say, it cannot be decrypted),
-    give it a :class:`~outrelay.core.segments.RejectedTarget` target, and
-    the relay dead-letters it with that reason. May raise ``ConfigError``
-    here (a key cannot be read), which stops the relay with that line.
+    a plain function must not raise: to refuse one message (say, it cannot
+    be decrypted), give it a :class:`~outrelay.core.segments.RejectedTarget`
+    target, and the relay dead-letters it with that reason. An ``async``
+    function may do I/O (the claim-check stores payloads) within the
+    attempt's ``attempt_timeout``, and may raise ``RetryableError`` or
+    ``PermanentError``: the whole batch then fails with it, as if
+    ``transport.send`` had raised it. May raise ``ConfigError`` here (a key
+    cannot be read), which stops the relay with that line.
     """
 
 
@@ -142,12 +156,15 @@ def outrelay_bus_configured(config: OutrelayConfig) -> None:
 
 
 @hookspec
-def outrelay_receive_transform(consumer: str) -> Callable[[Event], Event] | None:
+def outrelay_receive_transform(consumer: str) -> Callable[[Event], Event | Awaitable[Event]] | None:
     """Return a function the subscriber runtime applies to each received event
     before upcasting and the handler, or None.
 
     Called once when subscription ``consumer`` starts. The function may raise
     :class:`~outrelay.EventError` (say, the event is encrypted with a key this
     process does not hold): the event is then dead-lettered at once with
-    that reason, as an event that cannot be upcast is.
+    that reason, as an event that cannot be upcast is. An ``async`` function
+    may do I/O (the claim-check fetches payloads) and may raise
+    ``RetryableError``: the event stays unacknowledged and its stream waits
+    a second before handling it again.
     """

@@ -57,6 +57,7 @@ DEFAULT_PLUGINS = (
     "outrelay.plugins.eventlog",
     "outrelay.plugins.otel",
     "outrelay.plugins.crypto",
+    "outrelay.plugins.claimcheck",
 )
 
 

@@ -134,8 +134,9 @@ class Subscription:
         self._closer: asyncio.Task[None] | None = None
         self.stopped = False
         self._done = asyncio.Event()
-        #: plugins' receive transforms (decryption), found when the subscription starts
-        self._decoders: list[Callable[[Event], Event]] = []
+        #: plugins' receive transforms (claim-check, decryption), found when the subscription starts
+        self._decoders: list[Callable[[Event], Any]] = []
+        self._async_decoders = False  # some of them are async (they may do I/O)
 
     def __repr__(self) -> str:
         kind = f"group={self.group!r}" if self.group else "fan-out"
@@ -153,6 +154,7 @@ class Subscription:
             raise
         self._parked = dict.fromkeys(heads)
         self._decoders = await asyncio.to_thread(_receive_transforms, self.consumer)
+        self._async_decoders = any(inspect.iscoroutinefunction(d) for d in self._decoders)
         self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._dead_letter_loop())]
 
     async def unsubscribe(self, grace: float = 10.0) -> None:
@@ -329,8 +331,8 @@ class Subscription:
             self.stats.skipped += 1
             await self._ack(m)
             return True
-        try:
-            event = self._decode(received)  # handlers see decrypted events at their type's current version
+        try:  # handlers see resolved, decrypted events at their type's current version
+            event = await self._decode_async(received) if self._async_decoders else self._decode(received)
         except EventError as exc:  # no key, altered data, no upcaster path: retrying cannot help
             return await self._give_up(m, received, received, (str(exc), 0, time.time()))
         return await self._outcome(m, received, event, await self._attempts(event))
@@ -372,6 +374,22 @@ class Subscription:
                     event = decode(event)
             except EventError as exc:
                 raise EventError(f"cannot decode: {exc}") from None
+        return self._upcast(event)
+
+    async def _decode_async(self, event: Event) -> Event:
+        """:meth:`_decode` when some receive transforms are ``async`` (the claim-check fetches
+        payloads). Their RetryableError propagates: the event stays unacked and its lane waits.
+
+        :raises EventError: the reason, naming the step that failed."""
+        try:
+            for decode in self._decoders:
+                out = decode(event)
+                event = await out if inspect.isawaitable(out) else out
+        except EventError as exc:
+            raise EventError(f"cannot decode: {exc}") from None
+        return self._upcast(event)
+
+    def _upcast(self, event: Event) -> Event:
         # upcast() returns the event itself when its type has no upcasters or it is current: one lookup here
         target = default_upcasters().current.get(event.type)
         if target is None or target == event.event_version:
@@ -512,7 +530,7 @@ class Subscription:
 _hooks: Any = None
 
 
-def _receive_transforms(consumer: str) -> list[Callable[[Event], Event]]:
+def _receive_transforms(consumer: str) -> list[Callable[[Event], Any]]:
     """What plugins apply to received events (``outrelay_receive_transform``), through
     one plugin registry per process (built on first use: it loads the plugins)."""
     global _hooks

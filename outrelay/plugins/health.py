@@ -9,7 +9,10 @@ its job, else 503 with one line per reason:
 - every destination's transport opened (an operator-disabled one counts as ready);
 - no destination has been failing — every delivery or open attempt, without a
   single success — for longer than the stall threshold
-  (:data:`DEFAULT_STALL_AFTER`, 300 s; ``outrelay run --ready-stall-after``).
+  (:data:`DEFAULT_STALL_AFTER`, 300 s; ``outrelay run --ready-stall-after``);
+- no destination's circuit breaker (``[destinations.NAME.breaker]``) is open:
+  it opens only after the configured run of failures, which is the point where
+  a human should look too.
 
 A destination in a short outage stays ready: retries with backoff are normal
 operation, and pulling the relay out of a load balancer does not help it. The
@@ -19,6 +22,7 @@ threshold marks the point where a human should look.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,8 +83,14 @@ class Health:
             if w.disabled:
                 continue
             outage = w.outage_seconds()
+            breaker = getattr(w, "breaker", None)
             if not w.opened:
                 reasons.append(f"destination {name}: transport not opened yet")
+            elif breaker is not None and breaker.open:
+                reasons.append(
+                    f"destination {name}: circuit breaker open for {time.time() - breaker.opened_at:.0f}s "
+                    f"({breaker.probes} probe(s) sent): {_short(breaker.last_error)}"
+                )
             elif outage is not None and outage > self.stall_after:
                 reasons.append(
                     f"destination {name}: failing for {outage:.0f}s (> {self.stall_after:.0f}s): {_short(w.last_error)}"

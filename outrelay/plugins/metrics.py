@@ -20,6 +20,8 @@ Relay metrics (all labelled by ``destination``)::
     outrelay_disabled                 1 when the destination is disabled
 
     outrelay_failing_seconds          seconds failing (sends or opening) without one success; 0: healthy
+    outrelay_breaker_open             1 while the destination's circuit breaker is open (this process's)
+    outrelay_breaker_transitions_total{state}  the breaker opened | closed
 
 and, unlabelled by destination, ``outrelay_unrouted_events_total{reason}``: events no
 destination matched (``no_route``, ``tenant``), counted by this relay process
@@ -82,6 +84,8 @@ class Metrics:
         self.seconds_sum: dict[str, float] = defaultdict(float)
         self.latency: dict[str, list[int]] = defaultdict(lambda: [0] * (len(_LATENCY_BUCKETS) + 1))
         self.latency_sum: dict[str, float] = defaultdict(float)
+        self.breaker_open: dict[str, int] = {}
+        self.breaker_transitions: dict[tuple[str, str], int] = defaultdict(int)
         self._watched: list[Any] = []
         self._subscriptions: dict[int, Any] = {}  # every subscription seen, kept so its counts stay in the totals
 
@@ -111,6 +115,11 @@ class Metrics:
         self.latency_sum[destination] += lat_sum
         self.buckets[destination][bisect.bisect_left(_BUCKETS, elapsed)] += 1
         self.seconds_sum[destination] += elapsed
+
+    @hookimpl
+    def outrelay_breaker_changed(self, destination: str, state: str, reason: str) -> None:
+        self.breaker_open[destination] = int(state == "open")
+        self.breaker_transitions[(destination, state)] += 1
 
     def watch(self, source: Any) -> None:
         """Report the consumed events of ``source``: an :class:`~outrelay.core.bus.EventBus`
@@ -190,6 +199,15 @@ class Metrics:
             family("outrelay_unrouted_events_total", "counter", "Events no destination matched (delivered nowhere).")
             for reason in sorted({*UNROUTED_REASONS, *unrouted}):
                 out.append(f'outrelay_unrouted_events_total{{reason="{_escape(reason)}"}} {unrouted.get(reason, 0)}')
+        family("outrelay_breaker_open", "gauge", "1 while the destination's circuit breaker is open.")
+        for s in status:
+            out.append(
+                f'outrelay_breaker_open{{destination="{s.destination}"}} {self.breaker_open.get(s.destination, 0)}'
+            )
+        if self.breaker_transitions:
+            family("outrelay_breaker_transitions_total", "counter", "Circuit breaker transitions by new state.")
+            for (d, state), v in sorted(self.breaker_transitions.items()):
+                out.append(f'outrelay_breaker_transitions_total{{destination="{d}",state="{state}"}} {v}')
         consumers = self._consumers()
         if consumers:
             totals: dict[tuple[str, str], int] = defaultdict(int)
