@@ -52,10 +52,18 @@ import botocore.exceptions
 import botocore.parsers
 from pydantic import Field, SecretStr
 
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import PermanentError, RetryableError, TransportError, UsageError
-from outrelay.kit import Rejected, RetryLater, SendResult, TransportConfig
+from outrelay.kit import (
+    Event,
+    PermanentError,
+    Rejected,
+    RetryableError,
+    RetryLater,
+    SendResult,
+    TransportConfig,
+    TransportError,
+    UsageError,
+    to_structured,
+)
 
 __all__ = [
     "AWSBase",
@@ -251,7 +259,7 @@ def encoded_size(body: str, attrs: dict[str, dict[str, str]]) -> int:
 
 
 def structured_body(event: Event) -> str:
-    return cloudevents.to_structured(event).decode()
+    return to_structured(event).decode()
 
 
 class AWSBase:

@@ -21,8 +21,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.kit import Delivered, Message, Rejected, RetryLater, SendResult
+from outrelay.kit import Delivered, Message, PermanentError, Rejected, RetryableError, RetryLater, SendResult
 from outrelay.transports._aws import AWSConfig, DeniedError, encoded_size, entry_outcome, fifo_id, structured_body
 
 __all__ = ["BatchCall", "Entry", "chunks", "send_batch"]

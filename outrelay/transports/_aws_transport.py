@@ -26,10 +26,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from outrelay.core.envelope import Event
-from outrelay.core.errors import PermanentError, TransportError
-from outrelay.core.templates import Template
-from outrelay.kit import Capabilities, Message, SendResult, Transport
+from outrelay.kit import Capabilities, Event, Message, PermanentError, SendResult, Template, Transport, TransportError
 from outrelay.transports._aws import AWSBase, AWSConfig, DeniedError
 from outrelay.transports._aws_batch import send_batch
 

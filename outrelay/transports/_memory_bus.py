@@ -29,9 +29,7 @@ from collections import deque
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
-from outrelay.core.errors import RetryableError
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
-from outrelay.kit import Received
+from outrelay.kit import Inbound, Received, RetryableError, SubscriptionBackend, SubscriptionSpec
 
 if TYPE_CHECKING:
     from outrelay.transports.memory import MemoryBroker

@@ -25,26 +25,29 @@ from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.core.hookspecs import hookimpl
-from outrelay.core.templates import Template
 from outrelay.kit import (
+    STRUCTURED_CONTENT_TYPE,
     Capabilities,
     Delivered,
+    Event,
     LifecycleTransport,
     Message,
+    PermanentError,
     Reader,
     Received,
     Rejected,
+    RetryableError,
     RetryLater,
     SendResult,
+    Template,
     TransportConfig,
+    from_structured,
+    hookimpl,
+    to_structured,
 )
 
 if TYPE_CHECKING:
-    from outrelay.core.registry import Registry
+    from outrelay.kit import Registry
 
 __all__ = ["FileConfig", "FileTransport"]
 
@@ -91,7 +94,7 @@ class FileTransport(LifecycleTransport):
                 continue
             try:
                 fh = self._handle(m.target)
-                fh.write(cloudevents.to_structured(m.event) + b"\n")
+                fh.write(to_structured(m.event) + b"\n")
                 touched.add(m.target)
                 results.append(Delivered())
             except OSError as exc:
@@ -203,10 +206,8 @@ class FileReader(Reader):
                 self._buf += chunk
                 *lines, self._buf = self._buf.split(b"\n")
                 for line in lines:
-                    ev = cloudevents.from_structured(line)
-                    self._ready.append(
-                        Received(ev, self.path, ev.stream, {}, line, cloudevents.STRUCTURED_CONTENT_TYPE)
-                    )
+                    ev = from_structured(line)
+                    self._ready.append(Received(ev, self.path, ev.stream, {}, line, STRUCTURED_CONTENT_TYPE))
             if len(self._ready) >= count or loop.time() >= deadline:
                 break
             await asyncio.sleep(0.01)

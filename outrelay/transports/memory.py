@@ -16,28 +16,29 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import RetryableError
-from outrelay.core.hookspecs import hookimpl
-from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
-from outrelay.core.templates import Template
 from outrelay.kit import (
     Capabilities,
     Delivered,
+    Event,
     LifecycleTransport,
     Message,
     Reader,
     Received,
     Rejected,
+    RetryableError,
     RetryLater,
     SendResult,
+    SubscriptionBackend,
+    SubscriptionSpec,
+    Template,
     TransportConfig,
+    binary_headers,
+    hookimpl,
 )
 from outrelay.transports._memory_bus import MemoryGroup, MemorySubscription
 
 if TYPE_CHECKING:
-    from outrelay.core.registry import Registry
+    from outrelay.kit import Registry
 
 #: the event carried by a foreign message's Received (never handed to a handler)
 _FOREIGN = Event(type="outrelay.foreign", stream="-", source="memory")
@@ -173,7 +174,7 @@ class MemoryTransport(LifecycleTransport):
         if self.cfg.dedupe and m.event.id in b.seen:
             return Delivered(duplicate=True)
         b.seen.add(m.event.id)
-        headers = cloudevents.binary_headers(m.event)
+        headers = binary_headers(m.event)
         r = Received(m.event, m.target, m.key, headers, m.event.data, m.event.content_type)
         b.messages[m.target].append(r)
         b.log.append(r)

@@ -20,8 +20,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from outrelay.core.templates import Template
-from outrelay.kit import TransportConfig
+from outrelay.kit import Template, TransportConfig
 
 __all__ = ["TOPIC_RE", "KafkaConfig"]
 

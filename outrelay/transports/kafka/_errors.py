@@ -16,8 +16,7 @@ from contextlib import contextmanager
 
 from aiokafka import errors as ke
 
-from outrelay.core.errors import PermanentError, RetryableError, TransportError
-from outrelay.kit import Rejected, RetryLater, SendResult
+from outrelay.kit import PermanentError, Rejected, RetryableError, RetryLater, SendResult, TransportError
 
 __all__ = ["describe", "is_permanent", "map_kafka_errors", "result_for"]
 

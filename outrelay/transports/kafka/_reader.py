@@ -19,9 +19,15 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from outrelay.core import cloudevents
-from outrelay.core.errors import RetryableError
-from outrelay.kit import Reader, Received
+from outrelay.kit import (
+    Reader,
+    Received,
+    RetryableError,
+    attribute_names,
+    from_attributes,
+    from_structured,
+    is_structured,
+)
 from outrelay.transports.kafka._config import KafkaConfig
 from outrelay.transports.kafka._errors import map_kafka_errors
 
@@ -55,12 +61,12 @@ def decode(topic: str, key: bytes | None, value: bytes | None, headers: Any) -> 
             attrs[k[3:].lower()] = text
     body = value or b""
     ctype = hdrs.get("content-type")
-    if cloudevents.is_structured(ctype):
-        event = cloudevents.from_structured(body)
+    if is_structured(ctype):
+        event = from_structured(body)
     else:
         if ctype and "datacontenttype" not in attrs:
             attrs["datacontenttype"] = ctype
-        event = cloudevents.from_attributes(attrs, body)  # what from_binary(hdrs, prefix="ce_") does
+        event = from_attributes(attrs, body)  # what from_binary(hdrs, prefix="ce_") does
     # Received(event, topic, key, hdrs, body, ctype), its slots filled directly: a frozen dataclass's
     # __init__ goes through object.__setattr__ per field, which costs as much again, once per record
     received = _new(Received)
@@ -73,7 +79,7 @@ def decode(topic: str, key: bytes | None, value: bytes | None, headers: Any) -> 
     return received
 
 
-_KNOWN = cloudevents.attribute_names("ce_")
+_KNOWN = attribute_names("ce_")
 _new = object.__new__
 _RECEIVED_FIELDS = ("event", "target", "key", "headers", "body", "content_type")
 if tuple(f.name for f in dataclasses.fields(Received)) != _RECEIVED_FIELDS:  # pragma: no cover - a changed Received

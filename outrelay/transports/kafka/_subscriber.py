@@ -69,10 +69,15 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka import errors as ke
 
-from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
-from outrelay.core.templates import Template
-from outrelay.kit import Received
+from outrelay.kit import (
+    Inbound,
+    PermanentError,
+    Received,
+    RetryableError,
+    SubscriptionBackend,
+    SubscriptionSpec,
+    Template,
+)
 from outrelay.transports.kafka._config import TOPIC_RE, KafkaConfig
 from outrelay.transports.kafka._errors import describe, map_kafka_errors
 from outrelay.transports.kafka._offsets import PartitionTrack

@@ -47,22 +47,26 @@ from aiokafka import AIOKafkaProducer
 from aiokafka import errors as ke
 from aiokafka.partitioner import DefaultPartitioner
 
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import PermanentError, UsageError
-from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
-from outrelay.core.templates import Template
 from outrelay.kit import (
+    STRUCTURED_CONTENT_TYPE,
     Capabilities,
     Delivered,
+    Event,
     Message,
+    PermanentError,
     Reader,
     Rejected,
     RetryLater,
     SendResult,
+    SubscriptionBackend,
+    SubscriptionSpec,
+    Template,
     Transport,
+    UsageError,
+    binary_headers,
     certificate_refused,
     tls_hint,
+    to_structured,
 )
 from outrelay.transports.kafka._config import TOPIC_RE, KafkaConfig
 from outrelay.transports.kafka._errors import describe, map_kafka_errors, result_for
@@ -139,8 +143,8 @@ async def _certificate_refused(servers: Sequence[str], ctx: ssl.SSLContext | Non
 def encode(event: Event, mode: str) -> tuple[bytes, list[tuple[str, bytes]]]:
     """The record value and headers of ``event`` in binary or structured mode."""
     if mode == "structured":
-        return cloudevents.to_structured(event), [("content-type", cloudevents.STRUCTURED_CONTENT_TYPE.encode())]
-    headers = [(k, v.encode()) for k, v in cloudevents.binary_headers(event, "ce_").items()]
+        return to_structured(event), [("content-type", STRUCTURED_CONTENT_TYPE.encode())]
+    headers = [(k, v.encode()) for k, v in binary_headers(event, "ce_").items()]
     if event.content_type:
         headers.append(("content-type", event.content_type.encode()))
     return event.data, headers

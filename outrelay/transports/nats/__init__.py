@@ -6,16 +6,8 @@ loads ``_transport.py`` only when a destination uses ``nats``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from outrelay.kit import transport_plugin
 
-from outrelay.core.hookspecs import hookimpl
-
-if TYPE_CHECKING:
-    from outrelay.core.registry import Registry
-
-
-@hookimpl
-def outrelay_add_transports(registry: Registry) -> None:
-    registry.add_transport(
-        "nats", "outrelay.transports.nats._transport:NatsTransport", requires=("nats",), extra="nats"
-    )
+outrelay_add_transports = transport_plugin(
+    "nats", "outrelay.transports.nats._transport:NatsTransport", requires=("nats",), extra="nats"
+)

@@ -8,7 +8,7 @@ import uuid
 import nats
 from nats.aio.client import Client
 
-from outrelay.core.errors import PermanentError, RetryableError, TransportError
+from outrelay.kit import PermanentError, RetryableError, TransportError
 from outrelay.transports.nats._config import NatsConfig, atomic_not_allowed, mask_url, publish_mode, stream_traits
 from outrelay.transports.nats._errors import PublishDenied, classify, mapped
 

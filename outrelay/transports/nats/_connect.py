@@ -10,8 +10,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 
-from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.kit import certificate_refused, tls_hint
+from outrelay.kit import PermanentError, RetryableError, certificate_refused, tls_hint
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._errors import classify, denied_subject, is_auth_error, mapped
 from outrelay.transports.nats._sockets import close_failed_attempt, close_streams

@@ -17,8 +17,7 @@ from contextlib import contextmanager
 import nats.errors
 import nats.js.errors
 
-from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.kit import Rejected, RetryLater, SendResult
+from outrelay.kit import PermanentError, Rejected, RetryableError, RetryLater, SendResult
 
 __all__ = ["PublishDenied", "classify", "denied_subject", "is_auth_error", "mapped", "result_for"]
 

@@ -55,8 +55,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from outrelay.core.errors import RetryableError, TransportError
-from outrelay.core.subscription import Inbound, SubscriptionSpec
+from outrelay.kit import Inbound, RetryableError, SubscriptionSpec, TransportError
 from outrelay.transports.nats._errors import mapped
 from outrelay.transports.nats._subscriber import NatsBackend, fetch_ready, inbound, sanitize, stream_of
 

@@ -21,9 +21,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
-from outrelay.core import cloudevents
-from outrelay.core.errors import UsageError
-from outrelay.kit import Reader, Received
+from outrelay.kit import Reader, Received, UsageError, from_binary
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._errors import mapped
 
@@ -37,7 +35,7 @@ def decode(msg: Msg) -> Received:
     """
     headers = dict(msg.headers or {})
     ctype = headers.get("Content-Type")
-    event = cloudevents.from_binary(headers, msg.data, content_type=ctype, percent=True)
+    event = from_binary(headers, msg.data, content_type=ctype, percent=True)
     return Received(event, msg.subject, event.stream, headers, bytes(msg.data), ctype)
 
 

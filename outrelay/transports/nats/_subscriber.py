@@ -58,8 +58,16 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
-from outrelay.core.errors import PermanentError, RetryableError, TransportError, UsageError
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec, no_ack
+from outrelay.kit import (
+    Inbound,
+    PermanentError,
+    RetryableError,
+    SubscriptionBackend,
+    SubscriptionSpec,
+    TransportError,
+    UsageError,
+    no_ack,
+)
 from outrelay.transports.nats._errors import classify, mapped
 from outrelay.transports.nats._reader import decode
 

@@ -78,20 +78,23 @@ import nats.js.api
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import PermanentError, RetryableError, UsageError
-from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
-from outrelay.core.templates import Template
 from outrelay.kit import (
     Capabilities,
     Delivered,
+    Event,
     Message,
+    PermanentError,
     Reader,
     Rejected,
+    RetryableError,
     RetryLater,
     SendResult,
+    SubscriptionBackend,
+    SubscriptionSpec,
+    Template,
     Transport,
+    UsageError,
+    binary_headers,
     send_chained,
     send_pipelined,
 )
@@ -370,7 +373,7 @@ class NatsTransport(Transport):
         if _WHITESPACE.search(m.target):  # on the wire it would split the HPUB line (protocol injection)
             return Rejected(f"invalid subject {m.target!r}: NATS subjects cannot contain whitespace")
         # the NATS binding: every attribute a ce-* header (ce-datacontenttype too), values percent-encoded
-        headers = cloudevents.binary_headers(m.event, content_type=True, percent=True)
+        headers = binary_headers(m.event, content_type=True, percent=True)
         reissued = self._reissued.get(m.event.id)
         headers["Nats-Msg-Id"] = m.event.id if reissued is None else f"{m.event.id}.r{reissued}"
         if m.event.content_type:

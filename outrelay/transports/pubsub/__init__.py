@@ -6,19 +6,11 @@ loads ``_transport.py`` only when a destination uses ``pubsub``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from outrelay.kit import transport_plugin
 
-from outrelay.core.hookspecs import hookimpl
-
-if TYPE_CHECKING:
-    from outrelay.core.registry import Registry
-
-
-@hookimpl
-def outrelay_add_transports(registry: Registry) -> None:
-    registry.add_transport(
-        "pubsub",
-        "outrelay.transports.pubsub._transport:PubSubTransport",
-        requires=("google.cloud.pubsub_v1",),
-        extra="pubsub",
-    )
+outrelay_add_transports = transport_plugin(
+    "pubsub",
+    "outrelay.transports.pubsub._transport:PubSubTransport",
+    requires=("google.cloud.pubsub_v1",),
+    extra="pubsub",
+)

@@ -12,9 +12,7 @@ import asyncio
 import uuid
 from typing import Any
 
-from outrelay.core import cloudevents
-from outrelay.core.errors import RetryableError, UsageError
-from outrelay.kit import Reader, Received
+from outrelay.kit import Reader, Received, RetryableError, UsageError, from_binary
 from outrelay.transports.pubsub._config import PubSubConfig, make_subscriber
 
 __all__ = ["PubSubReader"]
@@ -73,7 +71,7 @@ class PubSubReader(Reader):
             attrs = dict(msg.attributes)
             data = bytes(msg.data)
             ctype = attrs.get("content-type")
-            event = cloudevents.from_binary(attrs, data, content_type=ctype, prefix="ce-")
+            event = from_binary(attrs, data, content_type=ctype, prefix="ce-")
             out.append(Received(event, self.topic, msg.ordering_key or None, attrs, data, ctype))
         return out
 

@@ -40,19 +40,22 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import PermanentError, RetryableError, TransportError, UsageError
-from outrelay.core.templates import Template
 from outrelay.kit import (
     Capabilities,
     Delivered,
+    Event,
     Message,
+    PermanentError,
     Reader,
     Rejected,
+    RetryableError,
     RetryLater,
     SendResult,
+    Template,
     Transport,
+    TransportError,
+    UsageError,
+    binary_headers,
 )
 from outrelay.transports.pubsub._config import PubSubConfig, make_publisher
 from outrelay.transports.pubsub._reader import PubSubReader
@@ -172,7 +175,7 @@ class PubSubTransport(Transport):
             ) from exc
 
     def _attributes(self, event: Event) -> dict[str, str]:
-        attrs = cloudevents.binary_headers(event, prefix="ce-")
+        attrs = binary_headers(event, prefix="ce-")
         if event.content_type:
             attrs[CONTENT_TYPE_ATTR] = event.content_type
         return attrs

@@ -6,9 +6,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.kit import TransportConfig
+from outrelay.kit import Event, TransportConfig, binary_headers
 
 __all__ = ["PulsarConfig", "properties"]
 
@@ -39,7 +37,7 @@ class PulsarConfig(TransportConfig):
 
 def properties(event: Event) -> dict[str, str]:
     """The message properties for ``event``: ``ce_*`` attributes plus ``content-type``."""
-    props = cloudevents.binary_headers(event, prefix="ce_")
+    props = binary_headers(event, prefix="ce_")
     if event.content_type:
         props["content-type"] = event.content_type
     return props

@@ -23,8 +23,7 @@ from typing import Any, TypeVar
 
 import pulsar
 
-from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.kit import Delivered, Rejected, RetryLater, SendResult
+from outrelay.kit import Delivered, PermanentError, Rejected, RetryableError, RetryLater, SendResult
 
 __all__ = ["PERMANENT", "Acks", "call_blocking", "map_pulsar_errors", "outcome"]
 

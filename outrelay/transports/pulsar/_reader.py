@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pulsar
 
-from outrelay.core import cloudevents
-from outrelay.kit import Reader, Received
+from outrelay.kit import Reader, Received, from_binary
 from outrelay.transports.pulsar._errors import call_blocking
 
 if TYPE_CHECKING:
@@ -77,7 +76,7 @@ class PulsarReader(Reader):
         self.consumer.acknowledge(msg)
         props = dict(msg.properties())
         data = bytes(msg.data())
-        event = cloudevents.from_binary(props, data, content_type=props.get("content-type"), prefix="ce_")
+        event = from_binary(props, data, content_type=props.get("content-type"), prefix="ce_")
         return Received(event, self.topic, msg.partition_key() or None, props, data, props.get("content-type"))
 
     async def stop(self) -> None:

@@ -55,18 +55,20 @@ from typing import Any
 
 import pulsar
 
-from outrelay.core.envelope import Event
-from outrelay.core.errors import RetryableError, TransportError, UsageError
-from outrelay.core.templates import Template
 from outrelay.kit import (
     Capabilities,
     Delivered,
+    Event,
     Message,
     Reader,
     Rejected,
+    RetryableError,
     RetryLater,
     SendResult,
+    Template,
     Transport,
+    TransportError,
+    UsageError,
 )
 from outrelay.transports.pulsar._config import PulsarConfig, properties
 from outrelay.transports.pulsar._errors import Acks, call_blocking, map_pulsar_errors, outcome

@@ -6,19 +6,8 @@ loads ``_transport.py`` only when a destination uses ``rabbitmq``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from outrelay.kit import transport_plugin
 
-from outrelay.core.hookspecs import hookimpl
-
-if TYPE_CHECKING:
-    from outrelay.core.registry import Registry
-
-
-@hookimpl
-def outrelay_add_transports(registry: Registry) -> None:
-    registry.add_transport(
-        "rabbitmq",
-        "outrelay.transports.rabbitmq._transport:RabbitMQTransport",
-        requires=("aio_pika",),
-        extra="rabbitmq",
-    )
+outrelay_add_transports = transport_plugin(
+    "rabbitmq", "outrelay.transports.rabbitmq._transport:RabbitMQTransport", requires=("aio_pika",), extra="rabbitmq"
+)

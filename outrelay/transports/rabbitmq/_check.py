@@ -32,7 +32,7 @@ import aiormq.abc
 import aiormq.exceptions
 from aiormq import spec
 
-from outrelay.core.errors import PermanentError, RetryableError
+from outrelay.kit import PermanentError, RetryableError
 from outrelay.transports.rabbitmq._config import RabbitMQConfig
 from outrelay.transports.rabbitmq._errors import TOPIC_REFUSAL, VENDOR_ERRORS, classify, publish_refused
 

@@ -25,9 +25,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator
 
-from outrelay.core.errors import PermanentError
-from outrelay.core.templates import Template
-from outrelay.kit import TransportConfig
+from outrelay.kit import PermanentError, Template, TransportConfig
 
 __all__ = ["RabbitMQConfig", "bad_names", "binding_pattern", "mask_url", "split_target", "subscription_target"]
 

@@ -15,8 +15,7 @@ from contextlib import contextmanager
 
 import aiormq.exceptions
 
-from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.kit import Rejected, RetryLater, SendResult, certificate_refused, tls_hint
+from outrelay.kit import PermanentError, Rejected, RetryableError, RetryLater, SendResult, certificate_refused, tls_hint
 
 __all__ = [
     "TOPIC_REFUSAL",

@@ -18,9 +18,7 @@ from typing import Any
 
 import aio_pika.abc
 
-from outrelay.core import cloudevents
-from outrelay.core.errors import UsageError
-from outrelay.kit import Reader, Received
+from outrelay.kit import Reader, Received, UsageError, from_binary
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, split_target
 from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, mapped
 
@@ -43,7 +41,7 @@ def decode(
     :raises EventError: (or another ValueError) the message is not an outrelay CloudEvent.
     """
     text = {k: _text(v) for k, v in (headers or {}).items()}
-    event = cloudevents.from_binary(text, body, content_type=content_type, prefix="cloudEvents_")
+    event = from_binary(text, body, content_type=content_type, prefix="cloudEvents_")
     target = f"{exchange or ''}/{routing_key or ''}"
     return Received(event, target, text.get("cloudEvents_partitionkey"), text, bytes(body), content_type)
 

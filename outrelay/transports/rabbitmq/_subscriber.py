@@ -73,8 +73,15 @@ from typing import NoReturn
 import aiormq.abc
 import aiormq.exceptions
 
-from outrelay.core.errors import EventError, PermanentError, RetryableError, UsageError
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
+from outrelay.kit import (
+    EventError,
+    Inbound,
+    PermanentError,
+    RetryableError,
+    SubscriptionBackend,
+    SubscriptionSpec,
+    UsageError,
+)
 from outrelay.transports.rabbitmq._config import RabbitMQConfig
 from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, classify, scrub
 from outrelay.transports.rabbitmq._lanes import LOST, Lane, Link

@@ -51,19 +51,20 @@ import aio_pika.abc
 import aiormq.abc
 import aiormq.exceptions
 
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import UsageError
-from outrelay.core.templates import RejectedTarget, Template
 from outrelay.kit import (
     Capabilities,
     Delivered,
+    Event,
     Message,
     Reader,
     Rejected,
+    RejectedTarget,
     RetryLater,
     SendResult,
+    Template,
     Transport,
+    UsageError,
+    binary_headers,
     send_chained,
     send_pipelined,
 )
@@ -78,7 +79,7 @@ from outrelay.transports.rabbitmq._publish import Staged
 from outrelay.transports.rabbitmq._wire import Properties
 
 if TYPE_CHECKING:
-    from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
+    from outrelay.kit import SubscriptionBackend, SubscriptionSpec
 
 __all__ = ["HEADER_PREFIX", "RabbitMQConfig", "RabbitMQTransport", "connect"]
 
@@ -268,7 +269,7 @@ class RabbitMQTransport(Transport):
         if invalid is not None:
             return Rejected(invalid)
         properties = Properties(
-            headers=cloudevents.binary_headers(event, prefix=HEADER_PREFIX),  # type: ignore[arg-type]
+            headers=binary_headers(event, prefix=HEADER_PREFIX),  # type: ignore[arg-type]
             content_type=event.content_type,
             delivery_mode=2 if self.cfg.persistent else 1,
             priority=0,

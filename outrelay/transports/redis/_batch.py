@@ -31,8 +31,7 @@ from typing import Any
 import orjson
 from redis import exceptions as rx
 
-from outrelay.core import cloudevents
-from outrelay.kit import Delivered, Message, RetryLater, SendResult
+from outrelay.kit import STRUCTURED_CONTENT_TYPE, Delivered, Message, RetryLater, SendResult, attributes, to_structured
 from outrelay.transports.redis._client import Client
 from outrelay.transports.redis._errors import reply_result, result_for
 
@@ -107,11 +106,11 @@ class Entry:
 
 
 _STRUCTURED_SHAPE: list[str | int] = ["content-type", 1]
-_STRUCTURED_VALUES = (cloudevents.STRUCTURED_CONTENT_TYPE,)
+_STRUCTURED_VALUES = (STRUCTURED_CONTENT_TYPE,)
 
 
 def _binary_shape(names: tuple[str, ...]) -> list[str | int]:
-    """The shape of an event whose :func:`cloudevents.attributes` has ``names`` (in that order):
+    """The shape of an event whose :func:`attributes` has ``names`` (in that order):
     ``ce_<name>`` for every attribute but ``datacontenttype``, then ``content-type`` — the
     fields of ``encode(event, "binary")`` before ``data`` (``datacontenttype`` is present exactly
     when ``event.content_type`` is set, and holds it)."""
@@ -137,7 +136,6 @@ def pack_chunk(
     shape_ids: dict[tuple[str, ...], int] = {}
     rows: list[tuple[Any, ...]] = []
     datas: list[bytes] = []
-    attributes = cloudevents.attributes
     structured = mode == "structured"
     if structured:
         shapes.append(_STRUCTURED_SHAPE)
@@ -147,7 +145,7 @@ def pack_chunk(
         if index is None:
             index = keys[m.target] = len(keys) + 1
         if structured:
-            data = cloudevents.to_structured(event)
+            data = to_structured(event)
             rows.append((index, m.key, 1, _STRUCTURED_VALUES, len(data), event.id))
         else:
             attrs = attributes(event)

@@ -26,7 +26,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import RedisClusterException
 
-from outrelay.core.errors import PermanentError
+from outrelay.kit import PermanentError
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._errors import map_redis_errors
 

@@ -30,8 +30,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from outrelay.core.templates import Template
-from outrelay.kit import TransportConfig
+from outrelay.kit import Template, TransportConfig
 
 __all__ = ["RedisConfig"]
 

@@ -19,8 +19,16 @@ from contextlib import contextmanager
 from redis import exceptions as rx
 from redis.exceptions import RedisClusterException
 
-from outrelay.core.errors import PermanentError, RetryableError, TransportError
-from outrelay.kit import Rejected, RetryLater, SendResult, certificate_refused, tls_hint
+from outrelay.kit import (
+    PermanentError,
+    Rejected,
+    RetryableError,
+    RetryLater,
+    SendResult,
+    TransportError,
+    certificate_refused,
+    tls_hint,
+)
 
 __all__ = ["describe", "is_permanent", "map_redis_errors", "reply_result", "result_for"]
 

@@ -47,7 +47,7 @@ from typing import Any, TypeAlias
 
 import orjson
 
-from outrelay.core import cloudevents
+from outrelay.kit import STRUCTURED_CONTENT_TYPE
 
 __all__ = [
     "ACK",
@@ -205,7 +205,7 @@ def ordering_key(fields: Mapping[Any, Any]) -> str:
         if name in raw:
             return _text(raw[name])
     ctype = _text(raw.get("content-type", "")).lower()
-    if ctype.startswith(cloudevents.STRUCTURED_CONTENT_TYPE) and "data" in raw:
+    if ctype.startswith(STRUCTURED_CONTENT_TYPE) and "data" in raw:
         try:
             doc = orjson.loads(raw["data"])
         except orjson.JSONDecodeError:

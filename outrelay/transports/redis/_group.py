@@ -19,8 +19,7 @@ from typing import Any
 
 from redis import exceptions as rx
 
-from outrelay.core.errors import PermanentError, TransportError
-from outrelay.core.subscription import Inbound, SubscriptionSpec
+from outrelay.kit import Inbound, PermanentError, SubscriptionSpec, TransportError
 from outrelay.transports.redis import _gate
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._subscriber import RedisSubscriber, text, to_inbound

@@ -18,8 +18,7 @@ from typing import Any
 
 from redis import exceptions as rx
 
-from outrelay.core import cloudevents
-from outrelay.kit import Reader, Received
+from outrelay.kit import Reader, Received, attribute_names, from_attributes, from_structured, is_structured
 from outrelay.transports.redis._client import open_client
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._errors import map_redis_errors
@@ -29,7 +28,7 @@ __all__ = ["RedisReader", "decode"]
 
 # field name as the transport writes it (bytes from redis-py; str with decode_responses) -> (name, attribute or "")
 _FIELDS: dict[Any, tuple[str, str]] = {}
-for _name, _attr in [*cloudevents.attribute_names("ce_").items(), ("content-type", ""), ("data", "")]:
+for _name, _attr in [*attribute_names("ce_").items(), ("content-type", ""), ("data", "")]:
     _FIELDS[_name] = _FIELDS[_name.encode()] = (_name, _attr)
 
 
@@ -62,12 +61,12 @@ def decode(key: str, fields: Mapping[Any, Any]) -> Received:
     if not isinstance(body, bytes):
         body = str(body).encode()
     ctype = headers.get("content-type")
-    if cloudevents.is_structured(ctype):
-        event = cloudevents.from_structured(body)
+    if is_structured(ctype):
+        event = from_structured(body)
     else:
         if ctype and "datacontenttype" not in attrs:
             attrs["datacontenttype"] = ctype
-        event = cloudevents.from_attributes(attrs, body)  # what from_binary(headers, prefix="ce_") does
+        event = from_attributes(attrs, body)  # what from_binary(headers, prefix="ce_") does
     return Received(event, key, event.stream, headers, body, ctype)
 
 

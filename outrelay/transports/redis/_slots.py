@@ -33,8 +33,7 @@ from redis import exceptions as rx
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from outrelay.core.errors import PermanentError, TransportError
-from outrelay.kit import Delivered, Message, Rejected, RetryLater, SendResult
+from outrelay.kit import Delivered, Message, PermanentError, Rejected, RetryLater, SendResult, TransportError
 from outrelay.transports.redis._batch import HELD, XADD_SCRIPT, pack_chunk, script_outcomes
 from outrelay.transports.redis._errors import map_redis_errors, result_for
 

@@ -58,9 +58,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outrelay.core.errors import PermanentError, UsageError
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
-from outrelay.core.templates import Template
+from outrelay.kit import Inbound, PermanentError, SubscriptionBackend, SubscriptionSpec, Template, UsageError
 from outrelay.transports.redis._client import Client, open_client
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._errors import map_redis_errors

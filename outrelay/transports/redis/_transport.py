@@ -45,19 +45,23 @@ from typing import TYPE_CHECKING, Any
 
 from redis.asyncio.cluster import RedisCluster
 
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import PermanentError, TransportError, UsageError
-from outrelay.core.templates import Template
 from outrelay.kit import (
+    STRUCTURED_CONTENT_TYPE,
     Capabilities,
     Delivered,
+    Event,
     Message,
+    PermanentError,
     Reader,
     Rejected,
     RetryLater,
     SendResult,
+    Template,
     Transport,
+    TransportError,
+    UsageError,
+    binary_headers,
+    to_structured,
 )
 from outrelay.transports.redis._batch import HELD, XADD_SCRIPT, Entry, send_pipelined, send_scripted
 from outrelay.transports.redis._client import Client, connect, open_client
@@ -66,7 +70,7 @@ from outrelay.transports.redis._errors import describe, map_redis_errors
 from outrelay.transports.redis._slots import send_slotted
 
 if TYPE_CHECKING:
-    from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
+    from outrelay.kit import SubscriptionBackend, SubscriptionSpec
 
 __all__ = ["RedisConfig", "RedisTransport", "connect", "encode"]
 
@@ -77,8 +81,8 @@ CHUNK_BYTES = 4 * 1024 * 1024  # per script call / pipeline: bounds memory and t
 def encode(event: Event, mode: str) -> dict[str, str | bytes]:
     """The XADD fields of ``event`` in binary or structured mode."""
     if mode == "structured":
-        return {"content-type": cloudevents.STRUCTURED_CONTENT_TYPE, "data": cloudevents.to_structured(event)}
-    fields: dict[str, str | bytes] = dict(cloudevents.binary_headers(event, "ce_"))
+        return {"content-type": STRUCTURED_CONTENT_TYPE, "data": to_structured(event)}
+    fields: dict[str, str | bytes] = dict(binary_headers(event, "ce_"))
     if event.content_type:
         fields["content-type"] = event.content_type
     fields["data"] = event.data

@@ -24,8 +24,7 @@ from typing import Any
 
 from pydantic import Field, SecretStr, model_validator
 
-from outrelay.core.errors import MissingExtraError
-from outrelay.kit import TransportConfig
+from outrelay.kit import MissingExtraError, TransportConfig
 
 __all__ = ["ServiceBusConfig", "broker_id", "make_client", "mask"]
 

@@ -24,9 +24,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from outrelay.core import cloudevents
-from outrelay.core.errors import RetryableError, UsageError
-from outrelay.kit import Reader, Received
+from outrelay.kit import Reader, Received, RetryableError, UsageError, from_binary
 from outrelay.transports.servicebus._config import ServiceBusConfig, broker_id, make_client, mask
 from outrelay.transports.servicebus._sockets import Guarded
 
@@ -93,7 +91,7 @@ class ServiceBusReader(Reader):
         props = {_text(k): _text(v) for k, v in (msg.application_properties or {}).items()}
         body = b"".join(msg.body)
         ctype = msg.content_type
-        event = cloudevents.from_binary(props, body, content_type=ctype, prefix=PREFIX)
+        event = from_binary(props, body, content_type=ctype, prefix=PREFIX)
         headers = dict(props)
         if msg.message_id is not None:
             headers["message_id"] = str(msg.message_id)

@@ -44,19 +44,23 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import ConfigError, PermanentError, RetryableError, TransportError, UsageError
-from outrelay.core.templates import Template
 from outrelay.kit import (
     Capabilities,
+    ConfigError,
     Delivered,
+    Event,
     Message,
+    PermanentError,
     Reader,
     Rejected,
+    RetryableError,
     RetryLater,
     SendResult,
+    Template,
     Transport,
+    TransportError,
+    UsageError,
+    binary_headers,
 )
 from outrelay.transports.servicebus._config import ServiceBusConfig, broker_id, make_client, mask
 from outrelay.transports.servicebus._reader import ServiceBusReader
@@ -253,7 +257,7 @@ class ServiceBusTransport(Transport):
             session_id=broker_id(m.key) if self.cfg.sessions else None,
             partition_key=broker_id(m.key) if self.cfg.partitioned and not self.cfg.sessions else None,
             content_type=ev.content_type,
-            application_properties=cloudevents.binary_headers(ev, prefix=PREFIX),  # type: ignore[arg-type]
+            application_properties=binary_headers(ev, prefix=PREFIX),  # type: ignore[arg-type]
         )
 
     async def send(self, batch: Sequence[Message]) -> list[SendResult]:

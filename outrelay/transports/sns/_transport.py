@@ -32,8 +32,7 @@ import json
 import uuid
 from typing import Any
 
-from outrelay.core.errors import TransportError
-from outrelay.kit import Message, Reader, Received
+from outrelay.kit import Message, Reader, Received, TransportError
 from outrelay.transports._aws import AWSBase, AWSConfig, message_attributes
 from outrelay.transports._aws_transport import AWSTransport
 from outrelay.transports.sqs._transport import SQSReader

@@ -32,8 +32,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from outrelay.core import cloudevents
-from outrelay.kit import Message, Reader, Received
+from outrelay.kit import STRUCTURED_CONTENT_TYPE, Message, Reader, Received, from_structured
 from outrelay.transports._aws import AWSBase, AWSConfig, fifo_id, message_attributes
 from outrelay.transports._aws_transport import AWSTransport
 
@@ -144,11 +143,11 @@ class SQSReader(Reader):
     def _decode(self, msg: dict[str, Any]) -> Received:
         body = str(msg.get("Body", ""))
         headers = {k: str(v.get("StringValue", "")) for k, v in msg.get("MessageAttributes", {}).items()}
-        event = cloudevents.from_structured(body)  # EventError: not an outrelay message
+        event = from_structured(body)  # EventError: not an outrelay message
         group = msg.get("Attributes", {}).get("MessageGroupId")
         # The group id is the stream, or its SHA-256 when the stream is not a valid SQS id.
         key = event.stream if group is None or group == fifo_id(event.stream) else group
-        return Received(event, self.queue_url, key, headers, body.encode(), cloudevents.STRUCTURED_CONTENT_TYPE)
+        return Received(event, self.queue_url, key, headers, body.encode(), STRUCTURED_CONTENT_TYPE)
 
     async def stop(self) -> None:
         with contextlib.suppress(Exception):

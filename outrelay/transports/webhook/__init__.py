@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from outrelay.kit import transport_plugin
 
-from outrelay.core.hookspecs import hookimpl
-
-if TYPE_CHECKING:
-    from outrelay.core.registry import Registry
-
-
-@hookimpl
-def outrelay_add_transports(registry: Registry) -> None:
-    registry.add_transport("webhook", "outrelay.transports.webhook._transport:WebhookTransport", requires=("httpx",))
+outrelay_add_transports = transport_plugin(
+    "webhook", "outrelay.transports.webhook._transport:WebhookTransport", requires=("httpx",)
+)

@@ -7,8 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator
 
-from outrelay.core.templates import Template
-from outrelay.kit import TransportConfig
+from outrelay.kit import Template, TransportConfig
 from outrelay.transports.webhook._signing import decode_secret
 
 __all__ = ["RESERVED_HEADERS", "WebhookConfig"]

@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from datetime import UTC
 from urllib.parse import urlsplit
 
-from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.kit import Delivered, Rejected, RetryLater, SendResult
+from outrelay.kit import Delivered, PermanentError, Rejected, RetryableError, RetryLater, SendResult
 from outrelay.transports.webhook._http import ConnectionPool, InvalidRequest, ProtocolError, Response, parse_target
 from outrelay.transports.webhook._ping import PING_TYPE
 from outrelay.transports.webhook._ssrf import PrivateAddressRefused

@@ -12,7 +12,7 @@ The type ``outrelay.check`` is reserved for this ping.
 
 from __future__ import annotations
 
-from outrelay.core.envelope import Event
+from outrelay.kit import Event
 
 __all__ = ["PING_TYPE", "ping_event"]
 

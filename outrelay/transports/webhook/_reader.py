@@ -20,8 +20,7 @@ import socket
 from typing import Any
 from urllib.parse import urlsplit
 
-from outrelay.core.errors import UsageError
-from outrelay.kit import Reader, Received
+from outrelay.kit import Reader, Received, UsageError
 from outrelay.transports.webhook._signing import Secrets
 from outrelay.transports.webhook.receiver import WebhookReceiver, WebhookRequest
 

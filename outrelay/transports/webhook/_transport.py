@@ -53,20 +53,22 @@ from typing import Any, ClassVar
 
 import httpx
 
-from outrelay._version import __version__
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import UsageError
-from outrelay.core.templates import Template
 from outrelay.kit import (
+    STRUCTURED_CONTENT_TYPE,
     Capabilities,
+    Event,
     Message,
     Reader,
     Rejected,
     SendResult,
+    Template,
     Transport,
+    UsageError,
+    binary_headers,
     send_in_key_order,
+    to_structured,
 )
+from outrelay.kit import outrelay_version as __version__
 from outrelay.transports.webhook._config import WebhookConfig
 from outrelay.transports.webhook._errors import (
     check_ping_answer,
@@ -152,12 +154,12 @@ class WebhookTransport(Transport):
     def _request(self, event: Event) -> tuple[dict[str, str], bytes]:
         if self.cfg.mode == "binary":
             body = event.data
-            headers = cloudevents.binary_headers(event, percent=True)  # HTTP binding 3.1.3.2: header-safe values
+            headers = binary_headers(event, percent=True)  # HTTP binding 3.1.3.2: header-safe values
             if event.content_type:
                 headers["content-type"] = event.content_type
         else:
-            body = cloudevents.to_structured(event)
-            headers = {"content-type": cloudevents.STRUCTURED_CONTENT_TYPE}
+            body = to_structured(event)
+            headers = {"content-type": STRUCTURED_CONTENT_TYPE}
         headers.update(self._static_headers)
         headers.update(signature_headers(self._keys, event.id, body))
         return headers, body

@@ -46,9 +46,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import EventError, UsageError
+from outrelay.kit import STRUCTURED_CONTENT_TYPE, Event, EventError, UsageError, from_binary, from_structured
 from outrelay.transports.webhook._ping import PING_TYPE
 from outrelay.transports.webhook._signing import Secrets, SignatureError, normalize_secrets, verify_or_raise
 
@@ -86,10 +84,10 @@ class WebhookRequest:
 def _decode(headers: Mapping[str, str], body: bytes) -> tuple[Event | None, str | None]:
     ctype = headers.get("content-type")
     try:
-        if ctype and ctype.split(";", 1)[0].strip().lower() == cloudevents.STRUCTURED_CONTENT_TYPE:
-            return cloudevents.from_structured(body), None
+        if ctype and ctype.split(";", 1)[0].strip().lower() == STRUCTURED_CONTENT_TYPE:
+            return from_structured(body), None
         if "ce-id" in headers:
-            return cloudevents.from_binary(headers, body, content_type=ctype, percent=True), None
+            return from_binary(headers, body, content_type=ctype, percent=True), None
     except (EventError, ValueError, TypeError, KeyError) as exc:
         return None, f"not a CloudEvent: {exc}"
     return None, "not a CloudEvent: no ce-* headers and not application/cloudevents+json"
