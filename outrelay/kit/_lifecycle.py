@@ -37,6 +37,12 @@ subclass writes only its broker's work in ``_open``/``_send``/``_close``::
   only what it opened itself: checking an open transport leaves it open.
   A failing ``_check`` leaves nothing behind that it opened.
 
+* typed config and target: ``class KafkaTransport(LifecycleTransport[KafkaConfig])``
+  gets ``self.cfg`` typed as ``KafkaConfig``; a transport whose target is one
+  templated option sets :attr:`~LifecycleTransport.target_option` (and
+  ``target_segment``/``target_alphabet``) and inherits ``target()`` rendering it
+  (``destinations.NAME.<option>`` is named in a render error).
+
 ``open()`` and ``close()`` are serialised by a lock, so a ``close()`` racing
 an ``open()`` runs after it. ``send()`` calls are not serialised: ``_send``
 may run concurrently with itself (the relay sends several batches at once).
@@ -48,9 +54,12 @@ import asyncio
 import contextlib
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import ClassVar, Generic, Literal, TypeVar
 
+from outrelay.core.envelope import Event
 from outrelay.core.errors import OutrelayError, RetryableError, UsageError
+from outrelay.core.segments import Segment
+from outrelay.core.templates import Template
 from outrelay.core.transport import Message, SendResult, Transport, TransportConfig
 from outrelay.kit._errors import ErrorMap
 
@@ -58,8 +67,10 @@ __all__ = ["LifecycleTransport", "State"]
 
 State = Literal["new", "open", "reconnecting", "closed"]
 
+C = TypeVar("C", bound=TransportConfig)
 
-class LifecycleTransport(Transport):
+
+class LifecycleTransport(Transport, Generic[C]):
     """A transport base carrying the open/close rules (see the module docstring).
 
     Subclasses implement :meth:`_open`, :meth:`_send` and :meth:`_close`
@@ -70,9 +81,25 @@ class LifecycleTransport(Transport):
     #: how vendor exceptions escaping ``_open``/``_send``/``_close`` are classified;
     #: the default treats every one as retryable (a bug must not dead-letter events)
     errors: ClassVar[ErrorMap] = ErrorMap()
+    #: the config option holding the target template (``"topic"``, ``"subject"``, ...);
+    #: None: the subclass renders targets itself
+    target_option: ClassVar[str | None] = None
+    #: the segment rule each substituted value must keep to (see :class:`~outrelay.kit.Template`)
+    target_segment: ClassVar[Segment | None] = None
+    #: the regex character class a ``name`` segment allows (None: the template's default)
+    target_alphabet: ClassVar[str | None] = None
 
-    def __init__(self, config: TransportConfig, *, destination: str = "default") -> None:
+    def __init__(self, config: C, *, destination: str = "default") -> None:
         super().__init__(config, destination=destination)
+        self.cfg: C = config
+        self._template: Template | None = None
+        if self.target_option is not None:
+            self._template = Template(
+                getattr(config, self.target_option),
+                where=f"destinations.{destination}.{self.target_option}",
+                segment=self.target_segment,
+                alphabet=self.target_alphabet,
+            )
         self._state: State = "new"
         self._lost = ""  # why the connection was lost, while reconnecting
         self._lifecycle_lock = asyncio.Lock()
@@ -120,6 +147,14 @@ class LifecycleTransport(Transport):
         return "reachable"
 
     # -- the contract ----------------------------------------------------------
+
+    def target(self, event: Event) -> str:
+        """The rendered :attr:`target_option` template. :raises RejectedTarget: the event's
+        values cannot be rendered safely. :raises NotImplementedError: no ``target_option`` and
+        no override."""
+        if self._template is None:
+            raise NotImplementedError(f"{type(self).__name__} sets no target_option and does not override target()")
+        return self._template.render(event)
 
     def _what(self) -> str:
         return f"{self.name} transport (destination {self.destination!r})"

@@ -39,7 +39,6 @@ from outrelay.kit import (
     RetryableError,
     RetryLater,
     SendResult,
-    Template,
     TransportConfig,
     from_structured,
     hookimpl,
@@ -59,16 +58,16 @@ class FileConfig(TransportConfig):
     idle_close_seconds: float = Field(30.0, gt=0, description="a handle unused this long is closed")
 
 
-class FileTransport(LifecycleTransport):
+class FileTransport(LifecycleTransport[FileConfig]):
     """See the module docstring (open/close rules: :class:`~outrelay.kit.LifecycleTransport`)."""
 
     name = "file"
     Config = FileConfig
+    target_option = "path"
+    target_segment = "path"
 
     def __init__(self, config: FileConfig, *, destination: str = "file") -> None:
         super().__init__(config, destination=destination)
-        self.cfg: FileConfig = config
-        self._template = Template(config.path, where=f"destinations.{destination}.path", segment="path")
         self._files: OrderedDict[str, IO[bytes]] = OrderedDict()  # least recently used first
         self._used: dict[str, float] = {}  # target -> monotonic time of its last write
         self._lock = threading.Lock()
@@ -76,9 +75,6 @@ class FileTransport(LifecycleTransport):
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(ordered_batches=True, max_batch_count=1000, cloudevents_modes=("structured",), reader=True)
-
-    def target(self, event: Event) -> str:
-        return self._template.render(event)
 
     def _write(self, batch: Sequence[Message]) -> list[SendResult]:
         with self._lock:  # concurrent send() calls share the open handles
@@ -157,7 +153,7 @@ class FileTransport(LifecycleTransport):
             self._used.clear()
 
     async def _check(self) -> str:
-        path = Path(self._template.render(Event(type="check", stream="check")))
+        path = Path(self.target(Event(type="check", stream="check")))
         existing = path.parent
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent

@@ -30,7 +30,6 @@ from outrelay.kit import (
     SendResult,
     SubscriptionBackend,
     SubscriptionSpec,
-    Template,
     TransportConfig,
     binary_headers,
     hookimpl,
@@ -99,7 +98,7 @@ class MemoryBroker:
         self.down = False
 
 
-class MemoryTransport(LifecycleTransport):
+class MemoryTransport(LifecycleTransport[MemoryConfig]):
     """See the module docstring (open/close rules: :class:`~outrelay.kit.LifecycleTransport`)."""
 
     name = "memory"
@@ -111,11 +110,10 @@ class MemoryTransport(LifecycleTransport):
     }
     conformance_late_reader_options: ClassVar[Mapping[str, Any] | None] = {"from_beginning": True}
     _brokers: ClassVar[dict[str, MemoryBroker]] = {}
+    target_option = "target"
 
     def __init__(self, config: MemoryConfig | None = None, *, destination: str = "memory") -> None:
         super().__init__(config or MemoryConfig(), destination=destination)
-        self.cfg: MemoryConfig = self.config  # type: ignore[assignment]
-        self._template = Template(self.cfg.target, where=f"destinations.{destination}.target")
 
     @classmethod
     def broker(cls, name: str = "default") -> MemoryBroker:
@@ -134,9 +132,6 @@ class MemoryTransport(LifecycleTransport):
             reader=True,
             subscriptions=True,
         )
-
-    def target(self, event: Event) -> str:
-        return self._template.render(event)
 
     async def _open(self) -> None:
         if self.cfg.down or self.broker(self.cfg.broker).down:
