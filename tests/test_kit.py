@@ -55,7 +55,7 @@ class TestSurface:
         assert "outrelay.core" not in code
 
 
-class Probe(LifecycleTransport):
+class Probe(LifecycleTransport[TransportConfig]):
     """A transport whose broker work only counts calls (or fails on demand)."""
 
     name = "probe"
