@@ -55,7 +55,8 @@ __all__ = ["FileTransport"]
 
 
 class FileTransport(LifecycleTransport[FileConfig]):
-    """See the module docstring (open/close rules: :class:`~outrelay.kit.LifecycleTransport`)."""
+    """Appends one JSON line per message to the file its ``path`` renders to; see the module
+    docstring, and :class:`~outrelay.kit.LifecycleTransport` for the open/close rules."""
 
     name = "file"
     Config = FileConfig

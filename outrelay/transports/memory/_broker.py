@@ -13,7 +13,8 @@ import asyncio
 import dataclasses
 from collections import defaultdict, deque
 
-from outrelay.kit import Event, Received
+from outrelay.kit import Delivered, Event, Message, Received, Rejected, RetryLater, SendResult, binary_headers
+from outrelay.transports.memory._config import MemoryConfig
 
 __all__ = ["MemoryBroker", "MemoryGroup"]
 
@@ -57,6 +58,26 @@ class MemoryBroker:
         """Keep ``r`` under its target and in the log (readers are woken by :meth:`wake`)."""
         self.messages[r.target].append(r)
         self.log.append(r)
+
+    def publish(self, m: Message, cfg: MemoryConfig) -> SendResult:
+        """Store ``m`` as a destination configured with ``cfg`` sends it, and answer as a broker would:
+        RetryLater while down or for an injected failure, Rejected for a type in ``reject_types`` or
+        data over ``max_message_bytes``, ``Delivered(duplicate=True)`` for an id seen (``dedupe``)."""
+        if self.down or cfg.down:
+            return RetryLater(f"memory broker {cfg.broker!r} is down")
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            return RetryLater("injected failure")
+        if m.event.type in cfg.reject_types:
+            return Rejected(f"type {m.event.type!r} is rejected by configuration")
+        limit = cfg.max_message_bytes
+        if limit is not None and len(m.event.data) > limit:
+            return Rejected(f"message of {len(m.event.data)} bytes exceeds max_message_bytes={limit}")
+        if cfg.dedupe and m.event.id in self.seen:
+            return Delivered(duplicate=True)
+        self.seen.add(m.event.id)
+        self.store(Received(m.event, m.target, m.key, binary_headers(m.event), m.event.data, m.event.content_type))
+        return Delivered()
 
     def put_foreign(self, target: str, body: bytes, *, key: str = "", reason: str = "no ce-* attributes") -> None:
         """Store a message that is not an outrelay CloudEvent (for dead-letter tests)."""

@@ -1,8 +1,8 @@
 """The ``memory`` transport: a genuine in-process broker with a reader and subscriptions.
 
 Messages are kept per target in order, with the event, key and the
-binary-mode CloudEvents headers a real broker would carry (see
-:mod:`._broker`). Useful for tests and for embedding
+binary-mode CloudEvents headers a real broker would carry; the broker
+(:mod:`._broker`) answers each message as a real one would. Useful for tests and for embedding
 (``MemoryTransport.broker(name)`` gives the shared store). Knobs for fault
 tests: ``fail_next`` (retryable failures), ``reject_types`` (permanent),
 ``max_message_bytes``, ``dedupe``, ``latency``, ``down``.
@@ -21,18 +21,13 @@ from typing import Any, ClassVar
 
 from outrelay.kit import (
     Capabilities,
-    Delivered,
     LifecycleTransport,
     Message,
     Reader,
-    Received,
-    Rejected,
     RetryableError,
-    RetryLater,
     SendResult,
     SubscriptionBackend,
     SubscriptionSpec,
-    binary_headers,
     current_progress,
     send_each,
 )
@@ -45,7 +40,9 @@ __all__ = ["MemoryTransport"]
 
 
 class MemoryTransport(LifecycleTransport[MemoryConfig]):
-    """See the module docstring (open/close rules: :class:`~outrelay.kit.LifecycleTransport`)."""
+    """Sends to the in-process broker named by ``broker`` (:meth:`broker` gives its shared state);
+    see the module docstring, and :class:`~outrelay.kit.LifecycleTransport` for the open/close rules.
+    """
 
     name = "memory"
     Config = MemoryConfig
@@ -89,27 +86,10 @@ class MemoryTransport(LifecycleTransport[MemoryConfig]):
         if self.cfg.latency:
             await asyncio.sleep(self.cfg.latency)
         progress = current_progress()
-        results = send_each(batch, lambda m: self._store(b, m), progress=progress)
+        results = send_each(batch, lambda m: b.publish(m, self.cfg), progress=progress)
         progress.record(batch, results)
         b.wake()
         return results
-
-    def _store(self, b: MemoryBroker, m: Message) -> SendResult:
-        if b.down or self.cfg.down:
-            return RetryLater(f"memory broker {self.cfg.broker!r} is down")
-        if b.fail_next > 0:
-            b.fail_next -= 1
-            return RetryLater("injected failure")
-        if m.event.type in self.cfg.reject_types:
-            return Rejected(f"type {m.event.type!r} is rejected by configuration")
-        limit = self.cfg.max_message_bytes
-        if limit is not None and len(m.event.data) > limit:
-            return Rejected(f"message of {len(m.event.data)} bytes exceeds max_message_bytes={limit}")
-        if self.cfg.dedupe and m.event.id in b.seen:
-            return Delivered(duplicate=True)
-        b.seen.add(m.event.id)
-        b.store(Received(m.event, m.target, m.key, binary_headers(m.event), m.event.data, m.event.content_type))
-        return Delivered()
 
     async def _close(self) -> None:
         """Nothing to release: the broker lives on for readers and other transports."""

@@ -99,10 +99,8 @@ class WebhookTransport(LifecycleTransport[WebhookConfig]):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            ordering_by_key=True,
+        return Capabilities(  # ordering by key; no native dedupe (receivers dedupe on webhook-id)
             ordered_batches=True,
-            native_dedupe=False,
             max_batch_count=max(100, self.cfg.concurrency),
             max_message_bytes=self.cfg.max_message_bytes,
             cloudevents_modes=(self.cfg.mode,),
