@@ -28,7 +28,7 @@ refused address (SSRF)      Rejected, naming ``allow_private_network``
 
 ``send`` posts different streams concurrently (``concurrency`` at once) and
 one stream's events sequentially in batch order; after a stream's first
-failure its later events are not sent and come back RetryLater
+failure its later events are not sent and come back NotSent (a RetryLater)
 (``ordered_batches``). Each outcome is recorded in the relay's progress the
 moment its answer arrives (:func:`~outrelay.kit.send_in_key_order`), so a
 batch cut by ``attempt_timeout`` or a shutdown keeps every POST that was
