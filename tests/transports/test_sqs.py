@@ -11,7 +11,7 @@ import pytest
 
 from outrelay import ConfigError, Delivered, Event, Message, Registry, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core.errors import TransportError
-from outrelay.transports.sqs._transport import SQSConfig, SQSTransport
+from outrelay.transports.aws._sqs import SQSConfig, SQSTransport
 from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, unique
 
 
