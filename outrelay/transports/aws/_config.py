@@ -1,4 +1,4 @@
-"""Options of the ``sns`` and ``sqs`` transports.
+"""Options shared by the ``sns`` and ``sqs`` transports (each adds its target in its own module).
 
 Credentials and region come from the standard AWS chain (environment,
 profile, instance role) unless given explicitly; ``endpoint_url`` points at
@@ -8,11 +8,11 @@ never printed.
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr
 
 from outrelay.kit import TransportConfig
 
-__all__ = ["SERVICE_LIMIT", "AWSConfig", "SNSConfig", "SQSConfig"]
+__all__ = ["SERVICE_LIMIT", "AWSConfig"]
 
 SERVICE_LIMIT = 262_144  # 256 KiB: one message (body + attributes) and one batch request
 
@@ -49,22 +49,3 @@ class AWSConfig(TransportConfig):
     def is_fifo(self, target: str) -> bool:
         """``fifo`` when set, else whether ``target`` (the template source) ends in ``.fifo``."""
         return self.fifo if self.fifo is not None else target.endswith(".fifo")
-
-
-class SNSConfig(AWSConfig):
-    """``topic_arn`` (template); AWS options in :class:`AWSConfig`."""
-
-    topic_arn: str
-
-
-class SQSConfig(AWSConfig):
-    """``queue_url`` (template) and ``delay_seconds``; AWS options in :class:`AWSConfig`."""
-
-    queue_url: str
-    delay_seconds: int = Field(0, ge=0, le=900)
-
-    @model_validator(mode="after")
-    def _fifo_delay(self) -> SQSConfig:
-        if self.is_fifo(self.queue_url) and self.delay_seconds:
-            raise ValueError("delay_seconds is not allowed on FIFO queues (set DelaySeconds on the queue instead)")
-        return self

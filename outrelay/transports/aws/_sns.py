@@ -32,12 +32,18 @@ from typing import Any
 
 from outrelay.kit import Message, Reader
 
-from ._config import SNSConfig
+from ._config import AWSConfig
 from ._reader import SNSReader
 from ._transport import AWSTransport
 from ._wire import message_attributes
 
 __all__ = ["SNSConfig", "SNSTransport"]
+
+
+class SNSConfig(AWSConfig):
+    """``topic_arn`` (template); AWS options in :class:`AWSConfig`."""
+
+    topic_arn: str
 
 
 class SNSTransport(AWSTransport[SNSConfig]):

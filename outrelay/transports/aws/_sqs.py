@@ -30,15 +30,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field, model_validator
+
 from outrelay.kit import Message, Reader
 
 from ._client import AWSClient
-from ._config import SQSConfig
+from ._config import AWSConfig
 from ._reader import SQSReader
 from ._transport import AWSTransport
 from ._wire import message_attributes
 
 __all__ = ["SQSConfig", "SQSTransport"]
+
+
+class SQSConfig(AWSConfig):
+    """``queue_url`` (template) and ``delay_seconds``; AWS options in :class:`AWSConfig`."""
+
+    queue_url: str
+    delay_seconds: int = Field(0, ge=0, le=900)
+
+    @model_validator(mode="after")
+    def _fifo_delay(self) -> SQSConfig:
+        if self.is_fifo(self.queue_url) and self.delay_seconds:
+            raise ValueError("delay_seconds is not allowed on FIFO queues (set DelaySeconds on the queue instead)")
+        return self
 
 
 class SQSTransport(AWSTransport[SQSConfig]):
