@@ -54,23 +54,12 @@ class SNSTransport(AWSTransport[SNSConfig]):
     target_option = "topic_arn"
     entity = "topic"
     batch_call = "PublishBatch"
-
-    async def _probe(self, arn: str) -> dict[str, str]:
-        resp = await self.aws.call(f"sns GetTopicAttributes {arn}", self.aws.client.get_topic_attributes, TopicArn=arn)
-        attrs: dict[str, str] = resp.get("Attributes", {})
-        return attrs
+    entries_param = "PublishBatchRequestEntries"
+    target_param = "TopicArn"
+    probe_call = "GetTopicAttributes"
 
     def _entry(self, m: Message, body: str) -> dict[str, Any]:
         return {"Message": body, "MessageAttributes": message_attributes(m.event)}
-
-    async def _api(self, target: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        resp: dict[str, Any] = await self.aws.call(
-            f"sns PublishBatch {target}",
-            self.aws.client.publish_batch,
-            TopicArn=target,
-            PublishBatchRequestEntries=entries,
-        )
-        return resp
 
     def _describe(self, target: str, attrs: dict[str, str]) -> str:
         kind = "FIFO" if attrs.get("FifoTopic") == "true" else "standard"

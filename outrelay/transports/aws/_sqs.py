@@ -28,7 +28,7 @@ for ``check()``'s empty ``SendMessageBatch`` permission probe.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -64,28 +64,16 @@ class SQSTransport(AWSTransport[SQSConfig]):
     target_option = "queue_url"
     entity = "queue"
     batch_call = "SendMessageBatch"
-
-    async def _probe(self, url: str) -> dict[str, str]:
-        resp = await self.aws.call(
-            f"sqs GetQueueAttributes {url}",
-            self.aws.client.get_queue_attributes,
-            QueueUrl=url,
-            AttributeNames=["FifoQueue", "QueueArn"],
-        )
-        attrs: dict[str, str] = resp.get("Attributes", {})
-        return attrs
+    entries_param = "Entries"
+    target_param = "QueueUrl"
+    probe_call = "GetQueueAttributes"
+    probe_args: ClassVar[dict[str, Any]] = {"AttributeNames": ["FifoQueue", "QueueArn"]}
 
     def _entry(self, m: Message, body: str) -> dict[str, Any]:
         fields: dict[str, Any] = {"MessageBody": body, "MessageAttributes": message_attributes(m.event)}
         if self.cfg.delay_seconds:
             fields["DelaySeconds"] = self.cfg.delay_seconds
         return fields
-
-    async def _api(self, target: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        resp: dict[str, Any] = await self.aws.call(
-            f"sqs SendMessageBatch {target}", self.aws.client.send_message_batch, QueueUrl=target, Entries=entries
-        )
-        return resp
 
     def _describe(self, target: str, attrs: dict[str, str]) -> str:
         kind = "FIFO" if attrs.get("FifoQueue") == "true" else "standard"

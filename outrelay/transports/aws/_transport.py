@@ -1,10 +1,11 @@
 """What the ``sns`` and ``sqs`` transports share: one base on :class:`~outrelay.kit.LifecycleTransport`.
 
-A subclass names its target option (``topic_arn`` / ``queue_url``) and
-batch call (``PublishBatch`` / ``SendMessageBatch``) and supplies the
-service-specific pieces — :meth:`AWSTransport._probe` (a read-only
-attributes call), :meth:`AWSTransport._entry` (one batch entry),
-:meth:`AWSTransport._api` (the batch call), :meth:`AWSTransport._describe`
+A subclass names its target option (``topic_arn`` / ``queue_url``), the
+request parameter naming the target (``TopicArn`` / ``QueueUrl``), its
+read-only attributes call (``GetTopicAttributes`` / ``GetQueueAttributes``)
+and its batch call (``PublishBatch`` / ``SendMessageBatch``, with the
+parameter holding the entries), and supplies the service-specific pieces —
+:meth:`AWSTransport._entry` (one batch entry), :meth:`AWSTransport._describe`
 (the ``outrelay check`` line) and ``reader()``. The lifecycle (the kit's),
 batching (:func:`._batch.send_batch`, progress included), FIFO detection,
 capabilities and ``_check`` are identical and live here.
@@ -26,6 +27,7 @@ saying what to grant.
 
 from __future__ import annotations
 
+import re
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
@@ -40,6 +42,7 @@ from ._errors import ERRORS, DeniedError
 __all__ = ["AWSTransport"]
 
 C = TypeVar("C", bound=AWSConfig)
+_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")  # "PublishBatch" -> "publish_batch", boto3's method name
 
 
 class AWSTransport(LifecycleTransport[C]):
@@ -52,6 +55,13 @@ class AWSTransport(LifecycleTransport[C]):
     entity: ClassVar[str]
     #: the service's batch-send operation (named in messages and check()'s output)
     batch_call: ClassVar[str]
+    #: the batch call's parameter holding the entries
+    entries_param: ClassVar[str]
+    #: the request parameter naming the target (topic ARN / queue URL)
+    target_param: ClassVar[str]
+    #: the read-only call returning the target's ``Attributes``, and its other arguments
+    probe_call: ClassVar[str]
+    probe_args: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, config: C, *, destination: str | None = None) -> None:
         """``destination`` defaults to the transport's name."""
@@ -116,17 +126,27 @@ class AWSTransport(LifecycleTransport[C]):
             hint = f"; check that {self.entity} {target} exists, endpoint_url/region and credentials"
             raise type(exc)(f"{exc}{hint}", destination=self.destination) from exc
 
-    @abstractmethod
     async def _probe(self, target: str) -> dict[str, str]:
-        """The target's attributes. :raises TransportError: unreachable or missing."""
+        """The target's attributes (:attr:`probe_call`). :raises TransportError: unreachable or missing."""
+        resp = await self._call(self.probe_call, target, **self.probe_args)
+        attrs: dict[str, str] = resp.get("Attributes", {})
+        return attrs
+
+    async def _api(self, target: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        """The batch call's raw response (Successful/Failed). :raises TransportError: refused as a whole."""
+        return await self._call(self.batch_call, target, **{self.entries_param: entries})
+
+    async def _call(self, operation: str, target: str, **params: Any) -> dict[str, Any]:
+        """The service's ``operation`` (its API name) on ``target``."""
+        fn = getattr(self.aws.client, _SNAKE.sub("_", operation).lower())
+        resp: dict[str, Any] = await self.aws.call(
+            f"{self.name} {operation} {target}", fn, **{self.target_param: target}, **params
+        )
+        return resp
 
     @abstractmethod
     def _entry(self, m: Message, body: str) -> dict[str, Any]:
         """One batch entry (without Id/group/dedupe ids, which send_batch adds)."""
-
-    @abstractmethod
-    async def _api(self, target: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        """The batch call's raw response (Successful/Failed). :raises TransportError: refused as a whole."""
 
     @abstractmethod
     def _describe(self, target: str, attrs: dict[str, str]) -> str:
