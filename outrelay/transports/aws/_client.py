@@ -3,7 +3,11 @@
 boto3 is blocking, so every call runs in a bounded
 :class:`~concurrent.futures.ThreadPoolExecutor` owned by the client
 (``max_workers`` threads = at most that many API calls in flight); the one
-boto3 client is thread-safe and reused. The relay's event loop never blocks.
+boto3 client is thread-safe and reused. The relay's event loop never blocks:
+the threads are all started by :meth:`AWSClient.start`, from a thread of
+its own, because :class:`~concurrent.futures.ThreadPoolExecutor` otherwise
+starts a thread inside ``submit`` — on the loop — and waits for it to run,
+which on a loaded machine stalls the loop for tens of milliseconds.
 Every failure of a call is mapped through :mod:`._errors` in :meth:`AWSClient.call`.
 """
 
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -26,6 +31,20 @@ from ._errors import service_error, to_error
 __all__ = ["AWSClient"]
 
 T = TypeVar("T")
+
+
+def _start_threads(pool: ThreadPoolExecutor, n: int) -> None:
+    """Make ``pool`` start its ``n`` threads now: ``n`` tasks that wait for each other keep every
+    thread busy, so each submit starts a new one (a thread that does not come within 10 s only
+    means the pool starts it later, on demand)."""
+    barrier = threading.Barrier(n)
+
+    def meet() -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(10.0)
+
+    for f in [pool.submit(meet) for _ in range(n)]:
+        f.result()
 
 
 class AWSClient:
@@ -86,8 +105,10 @@ class AWSClient:
         """Create the executor and the client. :raises TransportError: see :meth:`call`."""
         if self._pool is not None:
             return
-        self._pool = ThreadPoolExecutor(self.aws.max_workers, thread_name_prefix=f"outrelay-{self.service}")
+        n = self.aws.max_workers
+        self._pool = pool = ThreadPoolExecutor(n, thread_name_prefix=f"outrelay-{self.service}")
         try:
+            await asyncio.to_thread(_start_threads, pool, n)
             self.client = await self.call(f"{self.service} client setup", self._make_client)
         except BaseException:
             await self.stop()
