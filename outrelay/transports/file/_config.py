@@ -1,4 +1,16 @@
-"""Options of a ``file`` destination."""
+"""The ``file`` transport: CloudEvents JSON Lines appended to a file.
+
+For the demo and for debugging. Each message is one line, the structured
+CloudEvents form; ``fsync = true`` makes "delivered" mean "on disk". The
+path may be a template (``"out/{stream}.jsonl"``); parent directories are
+created. The reader tails the file.
+
+Open handles are bounded: at most ``max_open_files`` stay open (least
+recently used closed first, after a flush — and an fsync with ``fsync``),
+and a handle unused for ``idle_close_seconds`` is closed, so a template
+that fans out to thousands of files never runs the process out of file
+descriptors.
+"""
 
 from __future__ import annotations
 

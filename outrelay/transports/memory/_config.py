@@ -1,4 +1,11 @@
-"""Options of a ``memory`` destination."""
+"""The ``memory`` transport: a genuine in-process broker with a reader.
+
+Messages are kept per target in order, with the event, key and the
+binary-mode CloudEvents headers a real broker would carry. Useful for tests
+and for embedding (``MemoryTransport.broker(name)`` gives the shared store).
+Knobs for fault tests: ``fail_next`` (retryable failures),
+``reject_types`` (permanent), ``max_message_bytes``, ``dedupe``.
+"""
 
 from __future__ import annotations
 
