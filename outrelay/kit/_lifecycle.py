@@ -35,7 +35,9 @@ subclass writes only its broker's work in ``_open``/``_send``/``_close``::
   closes as from ``open``.
 * ``check()`` opens if needed, returns ``await _check()`` and closes again
   only what it opened itself: checking an open transport leaves it open.
-  A failing ``_check`` leaves nothing behind that it opened.
+  A failing ``_check`` leaves nothing behind that it opened. While ``check()``
+  opens the transport itself, :attr:`~LifecycleTransport.checking` is True, so
+  ``_open`` can skip side effects a check must not have (creating a stream).
 
 * typed config and target: ``class KafkaTransport(LifecycleTransport[KafkaConfig])``
   gets ``self.cfg`` typed as ``KafkaConfig``; a transport whose target is one
@@ -103,6 +105,7 @@ class LifecycleTransport(Transport, Generic[C]):
         self._state: State = "new"
         self._lost = ""  # why the connection was lost, while reconnecting
         self._lifecycle_lock = asyncio.Lock()
+        self._checking = False  # check() is opening the transport (see ``checking``)
 
     @property
     def state(self) -> State:
@@ -113,6 +116,11 @@ class LifecycleTransport(Transport, Generic[C]):
     def is_open(self) -> bool:
         """True while open (not while reconnecting)."""
         return self._state == "open"
+
+    @property
+    def checking(self) -> bool:
+        """True while :meth:`check` opens the transport: ``_open`` should create nothing then."""
+        return self._checking
 
     def connection_lost(self, reason: str) -> None:
         """The client lost its connection and is reconnecting by itself (see the module docstring)."""
@@ -202,7 +210,11 @@ class LifecycleTransport(Transport, Generic[C]):
     async def check(self) -> str:
         """Open if needed, probe with :meth:`_check`, close again what was opened here."""
         opened_here = self._state not in ("open", "reconnecting")
-        await self.open()
+        self._checking = opened_here
+        try:
+            await self.open()
+        finally:
+            self._checking = False
         try:
             with self.errors.boundary(f"{self._what()}: check", destination=self.destination):
                 return await self._check()

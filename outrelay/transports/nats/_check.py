@@ -9,7 +9,14 @@ import nats
 from nats.aio.client import Client
 
 from outrelay.kit import PermanentError, RetryableError, TransportError
-from outrelay.transports.nats._config import NatsConfig, atomic_not_allowed, mask_url, publish_mode, stream_traits
+from outrelay.transports.nats._config import (
+    NatsConfig,
+    atomic_not_allowed,
+    derive_target,
+    mask_url,
+    publish_mode,
+    stream_traits,
+)
 from outrelay.transports.nats._errors import PublishDenied, classify, mapped
 
 __all__ = ["check"]
@@ -38,8 +45,6 @@ async def check(cfg: NatsConfig, destination: str, nc: Client, probe: str, denie
         with mapped("stream lookup", destination):
             stream = await js.find_stream_name_by_subject(probe)
     except TransportError as exc:
-        from outrelay.transports.nats._subscriber import derive_target
-
         try:
             subjects = derive_target(cfg.subject, destination=destination)
         except PermanentError:

@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 from outrelay.kit import Reader, Received, UsageError, from_binary
+from outrelay.transports.nats._client import connect
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._errors import mapped
 
@@ -66,8 +67,6 @@ class NatsReader(Reader):
         self._sub: JetStreamContext.PullSubscription | None = None
 
     async def start(self) -> None:
-        from outrelay.transports.nats._connect import connect
-
         self._nc = await connect(self.cfg, self.destination)
         js = self._nc.jetstream(timeout=self.cfg.ack_timeout)
         policy = nats.js.api.DeliverPolicy.NEW if self.deliver == "new" else nats.js.api.DeliverPolicy.ALL
