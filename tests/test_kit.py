@@ -227,3 +227,37 @@ def test_the_mqtt_example_uses_only_the_kit() -> None:
     for path in files:
         imports = re.findall(r"^\s*(?:from|import) (outrelay(?:\.[\w.]*)?)\b", path.read_text(), re.M)
         assert all(m in ("outrelay.kit", "outrelay.conformance") for m in imports), (path, imports)
+
+
+class TestChecking:
+    def test_checking_is_true_only_while_check_opens(self) -> None:
+        """``checking`` is True inside ``_open`` when check() opens the transport, False when open() does
+        or when check() finds it open already, and False again after check()."""
+        seen: list[bool] = []
+
+        class Seeing(Probe):
+            async def _open(self) -> None:
+                seen.append(self.checking)
+                await super()._open()
+
+            async def _check(self) -> str:
+                seen.append(self.checking)
+                return "reachable"
+
+        async def main() -> None:
+            t = Seeing()
+            assert await t.check() == "reachable"
+            assert not t.checking
+            await t.open()
+            assert await t.check() == "reachable"
+            await t.close()
+
+        asyncio.run(main())
+        assert seen == [True, False, False, False]
+
+    def test_checking_is_reset_when_open_fails(self) -> None:
+        """A check whose open fails leaves ``checking`` False."""
+        t = Probe(fail_open=ConnectionRefusedError("refused"))
+        with pytest.raises(RetryableError):
+            asyncio.run(t.check())
+        assert not t.checking
