@@ -57,7 +57,7 @@ from nats.js.kv import KeyValue
 from outrelay.kit import Inbound, RetryableError, SubscriptionSpec, TransportError
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._errors import mapped
-from outrelay.transports.nats._subscriber import NatsBackend, fetch_ready, inbound, sanitize, stream_of
+from outrelay.transports.nats._subscription import NatsBackend, fetch_ready, inbound, sanitize, stream_of
 
 __all__ = ["NatsGroup", "names"]
 

@@ -18,26 +18,15 @@ from typing import Literal
 import nats.errors
 import nats.js.api
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
-from outrelay.kit import Reader, Received, UsageError, from_binary
+from outrelay.kit import Reader, Received, UsageError
 from outrelay.transports.nats._client import connect
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._errors import mapped
+from outrelay.transports.nats._wire import decode
 
-__all__ = ["NatsReader", "decode"]
-
-
-def decode(msg: Msg) -> Received:
-    """Rebuild the :class:`Received` of a JetStream message from its ``ce-*`` headers.
-
-    :raises EventError: (or another ValueError) the message is not an outrelay CloudEvent.
-    """
-    headers = dict(msg.headers or {})
-    ctype = headers.get("Content-Type")
-    event = from_binary(headers, msg.data, content_type=ctype, percent=True)
-    return Received(event, msg.subject, event.stream, headers, bytes(msg.data), ctype)
+__all__ = ["NatsReader"]
 
 
 class NatsReader(Reader):

@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,7 +92,6 @@ from outrelay.kit import (
     SubscriptionBackend,
     SubscriptionSpec,
     UsageError,
-    binary_headers,
     send_chained,
     send_pipelined,
 )
@@ -106,13 +104,12 @@ from outrelay.transports.nats._config import NatsConfig, StreamSpec, atomic_not_
 from outrelay.transports.nats._errors import ERRORS, classify, mapped, result_for
 from outrelay.transports.nats._group import NatsGroup
 from outrelay.transports.nats._reader import NatsReader
-from outrelay.transports.nats._subscriber import NatsFanout
+from outrelay.transports.nats._subscription import NatsFanout
+from outrelay.transports.nats._wire import encode_headers, invalid_subject
 
 __all__ = ["NatsConfig", "NatsTransport", "StreamSpec", "connect", "drop_unsent"]
 
 log = logging.getLogger("outrelay.transports.nats")
-_WILDCARD = re.compile(r"(^|\.)([*>]|)(\.|$)")
-_WHITESPACE = re.compile(r"\s")
 
 
 _REISSUE_LIMIT = 100_000  # event ids remembered for re-issuing (a few MB at most)
@@ -362,19 +359,12 @@ class NatsTransport(LifecycleTransport[NatsConfig]):
         size = len(m.event.data)
         if size > self._max_bytes:
             return Rejected(f"message of {size} bytes exceeds max_message_bytes={self._max_bytes}")
-        if _WILDCARD.search(m.target):
-            return Rejected(f"invalid subject {m.target!r}: a message cannot be published to a wildcard or empty token")
-        if _WHITESPACE.search(m.target):  # on the wire it would split the HPUB line (protocol injection)
-            return Rejected(f"invalid subject {m.target!r}: NATS subjects cannot contain whitespace")
-        # the NATS binding: every attribute a ce-* header (ce-datacontenttype too), values percent-encoded
-        headers = binary_headers(m.event, content_type=True, percent=True)
+        invalid = invalid_subject(m.target)
+        if invalid is not None:
+            return Rejected(invalid)
         reissued = self._reissued.get(m.event.id)
-        headers["Nats-Msg-Id"] = m.event.id if reissued is None else f"{m.event.id}.r{reissued}"
-        if m.event.content_type:
-            headers["Content-Type"] = m.event.content_type
-        if self.cfg.expected_stream:
-            headers["Nats-Expected-Stream"] = self.cfg.expected_stream
-        return headers
+        msg_id = m.event.id if reissued is None else f"{m.event.id}.r{reissued}"
+        return encode_headers(m.event, msg_id, self.cfg.expected_stream)
 
     async def _write(self, acks: AckMux, m: Message, headers: dict[str, str]) -> asyncio.Future[dict[str, Any]]:
         """Publish ``m``; with the order guard, as the next link of the chain (see ``_chain.py``).
@@ -494,7 +484,7 @@ class NatsTransport(LifecycleTransport[NatsConfig]):
         return NatsReader(self.cfg, target, destination=self.destination, **options)
 
     def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
-        """A JetStream consumer group or fan-out (see :mod:`outrelay.transports.nats._subscriber`).
+        """A JetStream consumer group or fan-out (see :mod:`outrelay.transports.nats._subscription`).
 
         :raises PermanentError: ``spec.target`` is empty and ``subject`` renders no NATS pattern.
         """

@@ -71,7 +71,7 @@ from outrelay.kit import (
 from outrelay.transports.nats._client import connect, ensure_stream
 from outrelay.transports.nats._config import NatsConfig, derive_target
 from outrelay.transports.nats._errors import classify, mapped
-from outrelay.transports.nats._reader import decode
+from outrelay.transports.nats._wire import decode
 
 __all__ = ["NatsBackend", "NatsFanout", "derive_target", "fetch_ready", "inbound", "stream_of"]
 
