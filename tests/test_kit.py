@@ -261,3 +261,43 @@ class TestChecking:
         with pytest.raises(RetryableError):
             asyncio.run(t.check())
         assert not t.checking
+
+
+class TestReadUntil:
+    def test_reads_until_count_timeout_or_error(self) -> None:
+        """read_until asks for what is still wanted, stops at count, on TimeoutError or at the deadline
+        (``[]`` polls again), and hands back what it read when an error follows; an error first is raised."""
+        from outrelay.kit import Received, read_until
+
+        def received(n: int) -> list[Received]:
+            events = [Event(type="t", stream="s") for _ in range(n)]
+            return [Received(e, "x", e.stream, {}, b"", None) for e in events]
+
+        async def main() -> None:
+            asked: list[int] = []
+            script: list[list[Received] | BaseException] = [received(2), [], received(5)]
+
+            async def fetch(wanted: int, seconds: float) -> list[Received]:
+                assert seconds > 0
+                asked.append(wanted)
+                step = script.pop(0) if script else TimeoutError()
+                if isinstance(step, BaseException):
+                    raise step
+                return step[:wanted]
+
+            assert len(await read_until(4, 5.0, fetch)) == 4 and asked == [4, 2, 2]
+            script[:] = [received(1)]
+            assert len(await read_until(4, 5.0, fetch)) == 1  # then TimeoutError: the read ends
+            script[:] = [received(1), ConnectionError("gone")]
+            assert len(await read_until(4, 5.0, fetch)) == 1
+            script[:] = [ConnectionError("gone")]
+            with pytest.raises(ConnectionError):
+                await read_until(4, 5.0, fetch)
+
+            async def nothing(wanted: int, seconds: float) -> list[Received]:
+                await asyncio.sleep(min(seconds, 0.01))
+                return []
+
+            assert await read_until(3, 0.05, nothing) == []
+
+        asyncio.run(main())

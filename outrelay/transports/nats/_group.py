@@ -115,13 +115,7 @@ class NatsGroup(NatsBackend):
     async def start(self) -> None:
         if self._state != "new":
             return
-        await self._connect()
-        try:
-            await self._join()
-        except BaseException:
-            await self._close_connection()
-            raise
-        self._state = "started"
+        await self._start(self._join)
         self._ticker = asyncio.create_task(self._run_ticker(), name=f"nats-group-{self.group}-{self.spec.member}")
 
     async def _join(self) -> None:

@@ -11,7 +11,6 @@ NATS binding asks; ``ce-datacontenttype``, else ``Content-Type``, is the data's 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Literal
 
@@ -20,7 +19,7 @@ import nats.js.api
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
-from outrelay.kit import Reader, Received, UsageError
+from outrelay.kit import Reader, Received, UsageError, read_until
 from outrelay.transports.nats._client import connect
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._errors import mapped
@@ -74,29 +73,23 @@ class NatsReader(Reader):
             raise
 
     async def read(self, count: int, timeout: float) -> list[Received]:
-        if self._sub is None:
+        sub = self._sub
+        if sub is None:
             raise UsageError("NatsReader.read() before start()")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        out: list[Received] = []
-        while len(out) < count:
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            try:
-                with mapped(f"cannot read {self.subject!r}", self.destination):
-                    try:
-                        msgs = await self._sub.fetch(batch=min(count - len(out), 1000), timeout=max(0.05, left))
-                    except TimeoutError:  # nats-py raises both its own and the builtin one here
-                        break
-                    for msg in msgs:
-                        await msg.ack()
-            except Exception:
-                if out:  # hand back what was read; the error repeats on the next read
-                    break
-                raise
-            out.extend(decode(msg) for msg in msgs)
-        return out
+
+        async def fetch(wanted: int, seconds: float) -> list[Received]:
+            with mapped(f"cannot read {self.subject!r}", self.destination):
+                try:
+                    msgs = await sub.fetch(batch=min(wanted, 1000), timeout=max(0.05, seconds))
+                except TimeoutError:  # nats-py raises both its own and the builtin one here
+                    msgs = None
+                for msg in msgs or ():
+                    await msg.ack()
+            if msgs is None:
+                raise TimeoutError  # nothing came: the read ends
+            return [decode(msg) for msg in msgs]
+
+        return await read_until(count, timeout, fetch)
 
     async def stop(self) -> None:
         sub, self._sub = self._sub, None

@@ -157,6 +157,18 @@ class NatsBackend(SubscriptionBackend):
         self._nc, self._js = nc, js
         return js
 
+    async def _start(self, setup: Callable[[], Awaitable[None]]) -> None:
+        """Connect, then ``setup()`` the consumers (the connection is closed again if that fails).
+
+        :raises RetryableError/PermanentError: from connecting or from ``setup``."""
+        await self._connect()
+        try:
+            await setup()
+        except BaseException:
+            await self._close_connection()
+            raise
+        self._state = "started"
+
     async def _find_stream(self, js: JetStreamContext) -> str:
         name = self.cfg.expected_stream or (self.cfg.create_stream.name if self.cfg.create_stream else None)
         if name:
@@ -210,13 +222,7 @@ class NatsFanout(NatsBackend):
     async def start(self) -> None:
         if self._state != "new":
             raise UsageError(f"{self!r} was already started")
-        await self._connect()
-        try:
-            await self._attach()
-        except BaseException:
-            await self._close_connection()
-            raise
-        self._state = "started"
+        await self._start(self._attach)
 
     async def _attach(self) -> None:
         """Create the consumer: new messages, or those after ``_last_seq`` when re-attaching."""
