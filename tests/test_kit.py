@@ -301,3 +301,14 @@ class TestReadUntil:
             assert await read_until(3, 0.05, nothing) == []
 
         asyncio.run(main())
+
+
+def test_mask_url_keeps_the_user_and_masks_the_password() -> None:
+    """mask_url masks a URL's password and keeps its user; a bare user info is a user, or a token when told."""
+    from outrelay.kit import mask_url
+
+    assert mask_url("amqp://relay:hunter2@h:5672/vh") == "amqp://relay:***@h:5672/vh"
+    assert mask_url("amqp://relay@h/") == "amqp://relay@h/"
+    assert mask_url("nats://tok@h:4222", bare_is_secret=True) == "nats://***@h:4222"
+    assert mask_url("nats://a:1@h1,nats://b:2@h2") == "nats://a:***@h1,nats://b:***@h2"
+    assert mask_url("h:4222") == "h:4222"

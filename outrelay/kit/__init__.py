@@ -17,7 +17,8 @@ Everything a transport needs, and nothing it should not touch::
 * :class:`LifecycleTransport` — the open/close/reconnecting/send-after-close
   state machine, so a transport writes only ``_open``/``_send``/``_close``;
 * :class:`ErrorMap` — vendor exceptions to RetryLater/Rejected/RetryableError/
-  PermanentError in one table; :func:`redact` masks credentials in messages;
+  PermanentError in one table; :func:`redact` masks credentials in messages,
+  :func:`mask_url` the password of a URL (the user name stays);
 * ordering helpers — :func:`send_in_key_order`, :func:`send_chained`,
   :func:`send_pipelined`, :func:`hold_after_failures`, :func:`not_sent`,
   :func:`deferred`, :func:`failing_staged`: order per key kept, progress
@@ -96,6 +97,7 @@ from outrelay.kit._plugin import transport_plugin
 from outrelay.kit._reading import read_until
 from outrelay.kit._streams import close_writer
 from outrelay.kit._tls import certificate_refused, client_ssl_context, tls_hint
+from outrelay.kit._urls import mask_url
 
 __all__ = [
     "STRUCTURED_CONTENT_TYPE",
@@ -147,6 +149,7 @@ __all__ = [
     "hookimpl",
     "is_json_content_type",
     "is_structured",
+    "mask_url",
     "no_ack",
     "not_sent",
     "outrelay_version",

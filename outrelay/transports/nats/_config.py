@@ -30,6 +30,7 @@ import nats.js.api
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from outrelay.kit import PermanentError, TransportConfig
+from outrelay.kit import mask_url as kit_mask_url
 
 __all__ = [
     "NatsConfig",
@@ -42,17 +43,10 @@ __all__ = [
     "stream_traits",
 ]
 
-_URL_CREDS = re.compile(r"(?P<scheme>[a-z+]+://)(?P<userinfo>[^@/]+)@", re.IGNORECASE)
-
 
 def mask_url(url: str) -> str:
     """``nats://user:secret@host`` -> ``nats://user:***@host`` (a bare token is masked whole)."""
-
-    def sub(m: re.Match[str]) -> str:
-        user, sep, _ = m.group("userinfo").partition(":")
-        return f"{m.group('scheme')}{user + ':***' if sep else '***'}@"
-
-    return _URL_CREDS.sub(sub, url)
+    return kit_mask_url(url, bare_is_secret=True)
 
 
 class StreamSpec(BaseModel):
