@@ -70,7 +70,7 @@ from outrelay.kit import (
 )
 from outrelay.transports.nats._client import connect, ensure_stream
 from outrelay.transports.nats._config import NatsConfig, derive_target
-from outrelay.transports.nats._errors import classify, mapped
+from outrelay.transports.nats._errors import ERRORS, mapped
 from outrelay.transports.nats._wire import decode
 
 __all__ = ["NatsBackend", "NatsFanout", "derive_target", "fetch_ready", "inbound", "stream_of"]
@@ -138,9 +138,7 @@ class NatsBackend(SubscriptionBackend):
         self._state = "new"  # new | started | stopped
 
     def _error(self, what: str, exc: BaseException) -> TransportError:
-        retryable, message = classify(exc)
-        cls = RetryableError if retryable else PermanentError
-        return cls(f"subscription to {self.target!r}: {what}: {message}", destination=self.destination)
+        return ERRORS.error(exc, f"subscription to {self.target!r}: {what}", destination=self.destination)
 
     async def _connect(self) -> JetStreamContext:
         """Connect and find the stream. :raises RetryableError/PermanentError:"""
