@@ -59,8 +59,15 @@ guard reports both outcomes as they are and logs the break in order as a
 warning.
 
 No responders (no stream for the subject, JetStream not ready), timeouts and
-connection loss are retryable; the client reconnects by itself, and a
-closed connection is reopened on the next send. ``native_dedupe`` and its
+connection loss are retryable (one table: ``_errors.ERRORS``). The lifecycle
+is the kit's (:class:`~outrelay.kit.LifecycleTransport`): the client
+reconnects by itself, and its disconnected/reconnected callbacks call
+``connection_lost``/``connection_restored``, so while it reconnects ``send()``
+raises RetryableError at once. When the client gives up (its closed
+callback, for a client this transport did not close itself) the transport
+counts as open again and the next send starts over: it closes and opens
+once for all concurrent senders. ``check()`` opens with ``checking`` set, so
+``create_stream`` creates nothing then. ``native_dedupe`` and its
 window are declared once the stream's duplicate window is known (read from
 stream info at open, or from ``create_stream``); until then they are not.
 """
