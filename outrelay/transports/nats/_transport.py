@@ -245,7 +245,11 @@ class NatsTransport(LifecycleTransport[NatsConfig]):
             if self._acks is None or self._nc is None or self._nc.is_closed:
                 log.info("destination %s: the NATS client gave up reconnecting; connecting again", self.destination)
                 await self._close()
-                await self._open()
+                try:
+                    await self._open()
+                except BaseException:
+                    await self._close()  # what it half-opened; the next send tries again
+                    raise
             if self.state == "closed":  # close() ran while we connected: release what we opened
                 await self._close()
             if self._acks is None:
