@@ -37,9 +37,6 @@ KNOWN: set[str] = {
     "module _aws.py",
     "module _aws_batch.py",
     "module _aws_transport.py",
-    "module _memory_bus.py",
-    "module file.py",
-    "module memory.py",
 }
 
 
