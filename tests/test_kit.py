@@ -255,6 +255,27 @@ class TestChecking:
         asyncio.run(main())
         assert seen == [True, False, False, False]
 
+    def test_an_open_in_another_task_during_a_check_is_not_checking(self) -> None:
+        """``checking`` belongs to the task running check(): the relay's open() racing a check creates
+        what it must (its ``_open`` sees False)."""
+        seen: list[bool] = []
+
+        class Slow(Probe):
+            async def _open(self) -> None:
+                await asyncio.sleep(0.05)  # the check starts meanwhile and waits for this open
+                seen.append(self.checking)
+
+        async def main() -> None:
+            t = Slow()
+            opening = asyncio.create_task(t.open())
+            await asyncio.sleep(0.01)
+            assert await t.check() == "reachable"
+            await opening
+            await t.close()
+
+        asyncio.run(main())
+        assert seen == [False]
+
     def test_checking_is_reset_when_open_fails(self) -> None:
         """A check whose open fails leaves ``checking`` False."""
         t = Probe(fail_open=ConnectionRefusedError("refused"))

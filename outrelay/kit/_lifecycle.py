@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, Generic, Literal, TypeVar
@@ -70,6 +71,9 @@ __all__ = ["LifecycleTransport", "State"]
 State = Literal["new", "open", "reconnecting", "closed"]
 
 C = TypeVar("C", bound=TransportConfig)
+
+#: the transport whose check() is opening it, in the task running the check (see ``checking``)
+_CHECKING: contextvars.ContextVar[object | None] = contextvars.ContextVar("outrelay_checking", default=None)
 
 
 class LifecycleTransport(Transport, Generic[C]):
@@ -105,7 +109,6 @@ class LifecycleTransport(Transport, Generic[C]):
         self._state: State = "new"
         self._lost = ""  # why the connection was lost, while reconnecting
         self._lifecycle_lock = asyncio.Lock()
-        self._checking = False  # check() is opening the transport (see ``checking``)
 
     @property
     def state(self) -> State:
@@ -119,8 +122,10 @@ class LifecycleTransport(Transport, Generic[C]):
 
     @property
     def checking(self) -> bool:
-        """True while :meth:`check` opens the transport: ``_open`` should create nothing then."""
-        return self._checking
+        """True while :meth:`check` opens the transport, in the task running that check (an
+        ``open()`` from another task at the same time sees False): ``_open`` should create
+        nothing then."""
+        return _CHECKING.get() is self
 
     def connection_lost(self, reason: str) -> None:
         """The client lost its connection and is reconnecting by itself (see the module docstring)."""
@@ -208,11 +213,11 @@ class LifecycleTransport(Transport, Generic[C]):
     async def check(self) -> str:
         """Open if needed, probe with :meth:`_check`, close again what was opened here."""
         opened_here = self._state not in ("open", "reconnecting")
-        self._checking = opened_here
+        token = _CHECKING.set(self if opened_here else None)
         try:
             await self.open()
         finally:
-            self._checking = False
+            _CHECKING.reset(token)
         try:
             with self.errors.boundary(f"{self._what()}: check", destination=self.destination):
                 return await self._check()
