@@ -204,10 +204,10 @@ class TestKafkaErrors:
         """Record-too-large and authorization errors are Rejected; leader, network and timeout errors RetryLater."""
         from aiokafka import errors as ke
 
-        from outrelay.transports.kafka._errors import result_for
+        from outrelay.transports.kafka._errors import ERRORS
 
         for exc in (ke.MessageSizeTooLargeError(), ke.TopicAuthorizationFailedError(), ke.InvalidTopicError()):
-            assert isinstance(result_for(exc), Rejected), exc
+            assert isinstance(ERRORS.result(exc), Rejected), exc
         for exc in (
             ke.NotLeaderForPartitionError(),
             ke.KafkaConnectionError(),
@@ -215,7 +215,7 @@ class TestKafkaErrors:
             ke.LeaderNotAvailableError(),
             ke.KafkaTimeoutError(),
         ):
-            assert isinstance(result_for(exc), RetryLater), exc
+            assert isinstance(ERRORS.result(exc), RetryLater), exc
 
 
 class TestKafkaCodecs:

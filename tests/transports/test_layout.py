@@ -30,7 +30,6 @@ KNOWN: set[str] = {
     "import outrelay.transports.sns._transport -> outrelay.transports.sqs._transport",
     "import outrelay.transports.sqs._transport -> outrelay.transports._aws",
     "import outrelay.transports.sqs._transport -> outrelay.transports._aws_transport",
-    "cycle kafka: _reader -> _transport -> _reader",
     "cycle nats: _check -> _subscriber -> _transport -> _check",
     "cycle pulsar: _reader -> _transport -> _reader",
     "cycle rabbitmq: _reader -> _transport -> _reader",

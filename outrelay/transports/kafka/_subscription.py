@@ -78,10 +78,11 @@ from outrelay.kit import (
     SubscriptionSpec,
     Template,
 )
+from outrelay.transports.kafka._client import client_options, partitions, seek_all
 from outrelay.transports.kafka._config import TOPIC_RE, KafkaConfig
-from outrelay.transports.kafka._errors import describe, map_kafka_errors
+from outrelay.transports.kafka._errors import ERRORS, describe
 from outrelay.transports.kafka._offsets import PartitionTrack
-from outrelay.transports.kafka._reader import decode
+from outrelay.transports.kafka._wire import decode
 
 __all__ = ["KafkaSubscription", "subscription_for"]
 
@@ -145,8 +146,6 @@ class KafkaSubscription(SubscriptionBackend):
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from outrelay.transports.kafka._transport import client_options
-
         spec, cfg, group = self.spec, self.cfg, self.spec.group
         session_ms = int(spec.claim_timeout * 1000)
         options: dict[str, Any] = {
@@ -168,21 +167,18 @@ class KafkaSubscription(SubscriptionBackend):
         # a restarted backend starts from scratch: a fresh assignment, nothing outstanding
         self._assigned.clear()
         self._tracks, self._unacked = {}, 0
-        with map_kafka_errors(f"subscribe to {spec.target!r} on {','.join(cfg.servers)}", self.destination):
+        where = f"{self._where}: subscribe on {','.join(cfg.servers)}"
+        with ERRORS.boundary(where, destination=self.destination):
             consumer = AIOKafkaConsumer(**options)
             try:
-                await asyncio.wait_for(consumer.start(), cfg.connect_timeout)
+                async with asyncio.timeout(cfg.connect_timeout):
+                    await consumer.start()
                 # metadata first: auto-creates the topic where the broker allows, fails fast where not
-                parts = await asyncio.wait_for(consumer._client._wait_on_metadata(spec.target), cfg.connect_timeout)
+                parts = await partitions(consumer, spec.target, cfg.connect_timeout)
                 if group is None:
-                    assigned = [TopicPartition(spec.target, p) for p in sorted(parts)]
+                    assigned = [TopicPartition(spec.target, p) for p in parts]
                     consumer.assign(assigned)
-                    if spec.from_beginning:
-                        await consumer.seek_to_beginning(*assigned)
-                    else:
-                        await consumer.seek_to_end(*assigned)
-                    for tp in assigned:
-                        await consumer.position(tp)
+                    await seek_all(consumer, assigned, from_beginning=spec.from_beginning, to_end=True)
                 else:
                     consumer.subscribe([spec.target], listener=_Listener(self))
                     self._consumer = consumer
@@ -266,7 +262,7 @@ class KafkaSubscription(SubscriptionBackend):
         deadline = loop.time() + timeout
         out: list[Inbound] = []
         grouped = self.spec.group is not None
-        with map_kafka_errors(f"consume {self.spec.target!r}", self.destination):
+        with ERRORS.boundary(f"{self._where}: consume", destination=self.destination):
             while not out and self._consumer is current:
                 left = deadline - loop.time()
                 if left <= 0:
