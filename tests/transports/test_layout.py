@@ -31,7 +31,6 @@ KNOWN: set[str] = {
     "import outrelay.transports.sqs._transport -> outrelay.transports._aws",
     "import outrelay.transports.sqs._transport -> outrelay.transports._aws_transport",
     "cycle nats: _check -> _subscriber -> _transport -> _check",
-    "cycle pulsar: _reader -> _transport -> _reader",
     "cycle rabbitmq: _reader -> _transport -> _reader",
     "cycle redis: _group -> _subscriber -> _group",
     "module _aws.py",

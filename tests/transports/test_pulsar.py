@@ -140,10 +140,10 @@ def test_refused_credentials_are_permanent(result: str) -> None:
     so the mapping itself is what can be tested here)."""
     import pulsar
 
-    from outrelay.transports.pulsar._errors import map_pulsar_errors, outcome
+    from outrelay.transports.pulsar._errors import ERRORS, outcome
 
     r = outcome(getattr(pulsar.Result, result))
     assert isinstance(r, Rejected) and r.disable_destination and result in r.reason
-    with pytest.raises(TransportError) as err, map_pulsar_errors("open", "p"):
+    with pytest.raises(TransportError) as err, ERRORS.boundary("open", destination="p"):
         raise getattr(pulsar, result)("refused")
     assert not isinstance(err.value, RetryableError) and "refused" in str(err.value)
