@@ -24,7 +24,8 @@ false and the relay sends one event per stream per batch instead.
 Progress: each record batch's outcome is recorded in the send's progress
 (:func:`~outrelay.kit.current_progress`) when the send returns or is cut; a
 partition's next record batch is started only while its predecessor's
-latency still fits before the deadline (else NotSent, with the next claim).
+latency still fits before the deadline, and none once the relay is
+stopping (else NotSent: it goes with the next claim).
 A record batch in flight when the send is cut may still be stored by the
 broker (aiokafka keeps it): at least once, as after any timeout.
 
@@ -222,7 +223,7 @@ class KafkaTransport(LifecycleTransport[KafkaConfig]):
         loop = asyncio.get_running_loop()
         latency = 0.0
         for n, (builder, indices) in enumerate(chain):
-            if n and not progress.may_start(latency):
+            if not progress.may_start(latency if n else 0.0):  # a partition's first: unless the relay stops
                 self._hold(chain[n:], results, deferred(progress))
                 return
             began = loop.time()
