@@ -23,7 +23,9 @@ Everything a transport needs, and nothing it should not touch::
   :func:`deferred`, :func:`failing_staged`: order per key kept, progress
   reported, the deadline honoured;
 * the consuming side — :class:`Reader` / :class:`Received` (read back what
-  was published) and the subscription contract :class:`SubscriptionBackend`,
+  was published), :func:`read_until` (a reader's bounded poll loop) and
+  :func:`event_from_record` (an Event from a record in either CloudEvents mode),
+  and the subscription contract :class:`SubscriptionBackend`,
   :class:`SubscriptionSpec`, :class:`Inbound`, :func:`no_ack`;
 * :class:`Template` — target templates (``"events.{type}"``) with tenant-safe
   escaping; a render that cannot be made safe is a :class:`RejectedTarget`;
@@ -92,6 +94,7 @@ from outrelay.kit._ordering import (
     send_pipelined,
 )
 from outrelay.kit._plugin import transport_plugin
+from outrelay.kit._reading import event_from_record, read_until
 from outrelay.kit._streams import close_writer
 from outrelay.kit._tls import certificate_refused, client_ssl_context, tls_hint
 
@@ -137,6 +140,7 @@ __all__ = [
     "close_writer",
     "current_progress",
     "deferred",
+    "event_from_record",
     "failing_staged",
     "from_attributes",
     "from_binary",
@@ -148,6 +152,7 @@ __all__ = [
     "no_ack",
     "not_sent",
     "outrelay_version",
+    "read_until",
     "redact",
     "send_chained",
     "send_in_key_order",

@@ -22,7 +22,7 @@ import asyncio
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from outrelay.kit import Reader, Received, RetryableError
+from outrelay.kit import Reader, Received, RetryableError, read_until
 from outrelay.transports.kafka._client import client_options, partitions, seek_all
 from outrelay.transports.kafka._config import KafkaConfig
 from outrelay.transports.kafka._errors import ERRORS
@@ -81,14 +81,13 @@ class KafkaReader(Reader):
         consumer = self._consumer
         if consumer is None:
             return []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        out: list[Received] = []
+
+        async def poll(room: int, seconds: float) -> list[Received]:
+            batches = await consumer.getmany(timeout_ms=int(seconds * 1000), max_records=room)
+            return [decode(r.topic, r.key, r.value, r.headers) for records in batches.values() for r in records]
+
         with ERRORS.boundary(f"{self._where}: read"):
-            while len(out) < count and (left := deadline - loop.time()) > 0:
-                batches = await consumer.getmany(timeout_ms=int(min(left, 0.5) * 1000), max_records=count - len(out))
-                out.extend(decode(r.topic, r.key, r.value, r.headers) for records in batches.values() for r in records)
-        return out
+            return await read_until(count, timeout, poll)
 
     async def stop(self) -> None:
         consumer, self._consumer = self._consumer, None

@@ -16,9 +16,7 @@ from outrelay.kit import (
     Received,
     attribute_names,
     binary_headers,
-    from_attributes,
-    from_structured,
-    is_structured,
+    event_from_record,
     to_structured,
 )
 
@@ -64,10 +62,5 @@ def decode(topic: str, key: bytes | None, value: bytes | None, headers: Any) -> 
             attrs[k[3:].lower()] = text
     body = value or b""
     ctype = hdrs.get("content-type")
-    if is_structured(ctype):
-        event = from_structured(body)
-    else:
-        if ctype and "datacontenttype" not in attrs:
-            attrs["datacontenttype"] = ctype
-        event = from_attributes(attrs, body)  # what from_binary(hdrs, prefix="ce_") does
+    event = event_from_record(attrs, body, ctype)  # binary mode: what from_binary(hdrs, prefix="ce_") does
     return Received(event, topic, key.decode() if key is not None else None, hdrs, body, ctype)

@@ -13,14 +13,13 @@ Pulsar delivers at least once: after a reconnect a message may be read twice.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from typing import Any
 
 import pulsar
 
-from outrelay.kit import Reader, Received
+from outrelay.kit import Reader, Received, read_until
 from outrelay.transports.pulsar._client import Blocking, make_client
 from outrelay.transports.pulsar._config import PulsarConfig
 from outrelay.transports.pulsar._wire import decode
@@ -58,23 +57,22 @@ class PulsarReader(Reader):
         )
 
     async def read(self, count: int, timeout: float) -> list[Received]:
-        assert self._blocking is not None, "read() before start()"
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        out: list[Received] = []
-        while len(out) < count and (left := deadline - loop.time()) > 0:
-            msg = await self._blocking.call("pulsar receive", self._receive, min(left, 0.5))
-            if msg is not None:
-                out.append(msg)
-        return out
+        blocking = self._blocking
+        assert blocking is not None, "read() before start()"
 
-    def _receive(self, seconds: float) -> Received | None:
+        async def poll(_room: int, seconds: float) -> list[Received]:
+            return await blocking.call("pulsar receive", self._receive, seconds)
+
+        return await read_until(count, timeout, poll)
+
+    def _receive(self, seconds: float) -> list[Received]:
+        """At most one message, acknowledged (in the pool's thread: ``receive`` blocks)."""
         try:
             msg = self.consumer.receive(timeout_millis=max(1, int(seconds * 1000)))
         except pulsar.Timeout:
-            return None
+            return []
         self.consumer.acknowledge(msg)
-        return decode(self.topic, msg)
+        return [decode(self.topic, msg)]
 
     async def stop(self) -> None:
         blocking, self._blocking = self._blocking, None
