@@ -269,3 +269,13 @@ class TestReading:
         assert kit.event_from_record({}, body, kit.STRUCTURED_CONTENT_TYPE) == event
         with pytest.raises(kit.EventError):
             kit.event_from_record({"type": "x"}, b"", None)
+
+    def test_received_equals_the_constructor(self) -> None:
+        """kit.received builds the same (equal, frozen) Received as the dataclass constructor."""
+        event = Event(type="t", stream="s", data=b"x")
+        args = (event, "topic", "s", {"ce_id": event.id}, b"x", "application/octet-stream")
+        fast = kit.received(*args)
+        assert fast == kit.Received(*args) and type(fast) is kit.Received
+        assert kit.received(*args[:5]) == kit.Received(*args[:5])
+        with pytest.raises(AttributeError):
+            fast.target = "other"  # type: ignore[misc]

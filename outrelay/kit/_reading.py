@@ -1,21 +1,24 @@
-"""Helpers for the consuming side of a transport: a bounded read loop, and an Event from a record.
+"""Helpers for the consuming side of a transport: a bounded read loop, an Event from a record, a Received.
 
-Every reader repeats the same two pieces: poll the broker in short slices
+Every reader repeats the same pieces: poll the broker in short slices
 until ``count`` messages arrived or ``timeout`` passed (:func:`read_until`),
-and turn a record that may carry either CloudEvents mode back into the
-:class:`~outrelay.kit.Event` (:func:`event_from_record`).
+turn a record that may carry either CloudEvents mode back into the
+:class:`~outrelay.kit.Event` (:func:`event_from_record`), and build the
+:class:`~outrelay.kit.Received` (:func:`received`, for per-record hot paths).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
 from outrelay.core.cloudevents import from_attributes, from_structured, is_structured
 from outrelay.core.envelope import Event
+from outrelay.core.reading import Received
 
-__all__ = ["event_from_record", "read_until"]
+__all__ = ["event_from_record", "read_until", "received"]
 
 T = TypeVar("T")
 
@@ -52,3 +55,30 @@ def event_from_record(attributes: Mapping[str, str], body: bytes, content_type: 
     if content_type and "datacontenttype" not in attributes:
         attributes = {**attributes, "datacontenttype": content_type}
     return from_attributes(attributes, body)
+
+
+_FIELDS = ("event", "target", "key", "headers", "body", "content_type")
+if tuple(f.name for f in dataclasses.fields(Received)) != _FIELDS:  # pragma: no cover - Received changed
+    raise ImportError(f"outrelay.kit.received fills Received's fields {_FIELDS}; Received changed: update it")
+_new = object.__new__
+_PUT_EVENT, _PUT_TARGET, _PUT_KEY, _PUT_HEADERS, _PUT_BODY, _PUT_CTYPE = (Received.__dict__[f].__set__ for f in _FIELDS)
+
+
+def received(
+    event: Event, target: str, key: str | None, headers: dict[str, str], body: bytes, content_type: str | None = None
+) -> Received:
+    """``Received(event, target, key, headers, body, content_type)``, at about half the cost.
+
+    For a consumer's per-record path: a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``, which costs as much again as decoding the headers. The fields are
+    filled directly here (the kit owns that knowledge, checked against :class:`Received` at import),
+    so a transport never reaches into the layout itself. Nothing is validated, as with the constructor.
+    """
+    r = _new(Received)
+    _PUT_EVENT(r, event)
+    _PUT_TARGET(r, target)
+    _PUT_KEY(r, key)
+    _PUT_HEADERS(r, headers)
+    _PUT_BODY(r, body)
+    _PUT_CTYPE(r, content_type)
+    return r

@@ -17,6 +17,7 @@ from outrelay.kit import (
     attribute_names,
     binary_headers,
     event_from_record,
+    received,
     to_structured,
 )
 
@@ -63,4 +64,4 @@ def decode(topic: str, key: bytes | None, value: bytes | None, headers: Any) -> 
     body = value or b""
     ctype = hdrs.get("content-type")
     event = event_from_record(attrs, body, ctype)  # binary mode: what from_binary(hdrs, prefix="ce_") does
-    return Received(event, topic, key.decode() if key is not None else None, hdrs, body, ctype)
+    return received(event, topic, key.decode() if key is not None else None, hdrs, body, ctype)
