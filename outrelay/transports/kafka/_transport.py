@@ -80,7 +80,7 @@ from outrelay.transports.kafka._reader import KafkaReader
 from outrelay.transports.kafka._subscription import subscription_for
 from outrelay.transports.kafka._wire import encode
 
-__all__ = ["KafkaConfig", "KafkaTransport", "encode"]
+__all__ = ["KafkaConfig", "KafkaTransport"]
 
 _HELD = "not sent: an earlier record batch of this partition failed in this send"
 
