@@ -210,13 +210,15 @@ class KafkaSubscription(SubscriptionBackend):
                     "not committed); is the broker reachable?"
                 )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._assigned.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._assigned.wait()
             if not self._assigned.is_set():
                 continue
             tracks = dict(self._tracks)
             try:
                 for tp, track in tracks.items():
-                    position = await asyncio.wait_for(consumer.position(tp), max(0.1, deadline - loop.time()))
+                    async with asyncio.timeout(max(0.1, deadline - loop.time())):
+                        position = await consumer.position(tp)
                     if track.commit_to is None:
                         track.commit_to = position
                 await self._commit(tracks, within=max(0.1, deadline - loop.time()))
@@ -247,7 +249,8 @@ class KafkaSubscription(SubscriptionBackend):
         answering must not hold ``stop`` (or a failed ``start``) forever. Then what aiokafka's stop left
         running is torn down without the broker (:func:`_abandon`)."""
         try:
-            await asyncio.wait_for(consumer.stop(), self.cfg.request_timeout)
+            async with asyncio.timeout(self.cfg.request_timeout):
+                await consumer.stop()
         except Exception:  # stopping: nothing useful to report
             await _abandon(consumer)
 
@@ -271,7 +274,8 @@ class KafkaSubscription(SubscriptionBackend):
                 if room <= 0:  # the prefetch window is full: wait for an ack
                     self._acked.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._acked.wait(), left)
+                        async with asyncio.timeout(left):
+                            await self._acked.wait()
                     continue
                 timeout_ms = int(min(left, 0.5) * 1000)
                 batches = await consumer.getmany(timeout_ms=timeout_ms, max_records=min(room, RECEIVE_CHUNK))
@@ -315,7 +319,8 @@ class KafkaSubscription(SubscriptionBackend):
             return
         self._last_probe = loop.time()
         try:
-            await asyncio.wait_for(consumer.topics(), self.cfg.connect_timeout)
+            async with asyncio.timeout(self.cfg.connect_timeout):
+                await consumer.topics()
         except Exception as exc:
             raise RetryableError(
                 f"{self._where}: no broker of {','.join(self.cfg.servers)} answers ({describe(exc)}); "
@@ -340,7 +345,8 @@ class KafkaSubscription(SubscriptionBackend):
         todo = {tp: t.commit_to for tp, t in tracks.items() if t.dirty}
         if consumer is None or not todo:
             return
-        await asyncio.wait_for(consumer.commit(todo), self.cfg.request_timeout if within is None else within)
+        async with asyncio.timeout(self.cfg.request_timeout if within is None else within):
+            await consumer.commit(todo)
         for tp, offset in todo.items():
             tracks[tp].committed = offset
 
@@ -352,7 +358,8 @@ class KafkaSubscription(SubscriptionBackend):
         while any(t.outstanding for t in tracks.values()) and (left := deadline - loop.time()) > 0:
             self._acked.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._acked.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._acked.wait()
         for tp, track in tracks.items():
             track.live = False
             self._unacked -= track.outstanding
@@ -385,7 +392,8 @@ async def _abandon(consumer: AIOKafkaConsumer) -> None:
     for part in (getattr(consumer, "_fetcher", None), getattr(consumer, "_client", None)):
         if part is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(part.close(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await part.close()
 
 
 class _Record(Inbound):
