@@ -335,6 +335,58 @@ def test_mask_url_keeps_the_user_and_masks_the_password() -> None:
     assert mask_url("h:4222") == "h:4222"
 
 
+class TestReading:
+    async def test_read_until_collects_across_polls_and_stops_at_count(self) -> None:
+        """read_until asks each poll for what is still wanted and stops once count items arrived."""
+        asked: list[int] = []
+        source = iter([[1, 2], [], [3, 4, 5], [6]])
+
+        async def poll(room: int, seconds: float) -> list[int]:
+            asked.append(room)
+            assert 0 < seconds <= 0.5
+            return next(source)
+
+        assert await kit.read_until(4, 5.0, poll, step=0.5) == [1, 2, 3, 4, 5]  # each poll waits <= step
+        assert asked == [4, 2, 2]
+
+    async def test_read_until_returns_what_it_got_at_the_timeout(self) -> None:
+        """A poll that keeps returning nothing ends the read after about the timeout, never past it."""
+        loop = asyncio.get_running_loop()
+        waits: list[float] = []
+
+        async def poll(room: int, seconds: float) -> list[int]:
+            waits.append(seconds)
+            await asyncio.sleep(seconds)
+            return []
+
+        began = loop.time()
+        assert await kit.read_until(3, 0.3, poll, step=0.1) == []
+        assert 0.25 <= loop.time() - began < 1.0 and max(waits) <= 0.1
+        assert await kit.read_until(3, 0.0, poll) == []
+
+    def test_event_from_record_reads_both_modes(self) -> None:
+        """Binary attributes (content type from the protocol field) and a structured body give the event back."""
+        event = Event(type="order.created", stream="o-1", data={"n": 1}, tenant="acme")
+        attrs = kit.attributes(event)
+        ctype = attrs.pop("datacontenttype")
+        assert kit.event_from_record(attrs, event.data, ctype) == event
+        assert "datacontenttype" not in attrs  # the caller's mapping is left as it was
+        body = kit.to_structured(event)
+        assert kit.event_from_record({}, body, kit.STRUCTURED_CONTENT_TYPE) == event
+        with pytest.raises(kit.EventError):
+            kit.event_from_record({"type": "x"}, b"", None)
+
+    def test_received_equals_the_constructor(self) -> None:
+        """kit.received builds the same (equal, frozen) Received as the dataclass constructor."""
+        event = Event(type="t", stream="s", data=b"x")
+        args = (event, "topic", "s", {"ce_id": event.id}, b"x", "application/octet-stream")
+        fast = kit.received(*args)
+        assert fast == kit.Received(*args) and type(fast) is kit.Received
+        assert kit.received(*args[:5]) == kit.Received(*args[:5])
+        with pytest.raises(AttributeError):
+            fast.target = "other"  # type: ignore[misc]
+
+
 class TestSendEach:
     """kit.send_each: one synchronous call per message, the order rule kept."""
 

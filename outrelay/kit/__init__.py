@@ -25,8 +25,10 @@ Everything a transport needs, and nothing it should not touch::
   reported, the deadline honoured; :func:`send_each` for a sink that answers
   at once (in-process, a local file);
 * the consuming side — :class:`Reader` / :class:`Received` (read back what
-  was published; :func:`read_until` is ``Reader.read``'s loop) and the
-  subscription contract :class:`SubscriptionBackend`,
+  was published), :func:`read_until` (a reader's bounded poll loop) and
+  :func:`event_from_record` (an Event from a record in either CloudEvents mode),
+  :func:`received` (a Received built at half the constructor's cost, for hot paths),
+  and the subscription contract :class:`SubscriptionBackend`,
   :class:`SubscriptionSpec`, :class:`Inbound`, :func:`no_ack`;
 * :class:`Template` — target templates (``"events.{type}"``) with tenant-safe
   escaping; a render that cannot be made safe is a :class:`RejectedTarget`;
@@ -96,7 +98,7 @@ from outrelay.kit._ordering import (
     send_pipelined,
 )
 from outrelay.kit._plugin import transport_plugin
-from outrelay.kit._reading import read_until
+from outrelay.kit._reading import event_from_record, read_until, received
 from outrelay.kit._streams import close_writer
 from outrelay.kit._tls import certificate_refused, client_ssl_context, tls_hint
 from outrelay.kit._urls import mask_url
@@ -143,6 +145,7 @@ __all__ = [
     "close_writer",
     "current_progress",
     "deferred",
+    "event_from_record",
     "failing_staged",
     "from_attributes",
     "from_binary",
@@ -156,6 +159,7 @@ __all__ = [
     "not_sent",
     "outrelay_version",
     "read_until",
+    "received",
     "redact",
     "send_chained",
     "send_each",
