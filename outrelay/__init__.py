@@ -2,7 +2,18 @@
 
 Append events in your own database transaction; the relay publishes them at
 least once, in order per stream, through pluggable transports.
+
+Everything a user's code needs is importable from here (transport authors
+import from :mod:`outrelay.kit`). Names whose modules need an optional extra
+or start a plugin — :class:`PostgresStore` (``outrelay[postgres]``),
+:class:`Metrics`/:func:`serve_metrics`, :class:`PayloadCrypto`
+(``outrelay[crypto]``), :class:`Resolver`/:class:`S3Store` (claim-check),
+:func:`enable_tracing` (``outrelay[otel]``) — are loaded on first use, so
+``import outrelay`` stays light and works without those extras.
 """
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from outrelay._version import __version__
 from outrelay.core.bus import EventBus
@@ -31,14 +42,14 @@ from outrelay.core.errors import (
     UnknownTransportError,
     UsageError,
 )
-from outrelay.core.history import read_stream, scan
+from outrelay.core.history import aread_stream, ascan, read_stream, scan
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.ids import uuid7
 from outrelay.core.inbox import Inbox
 from outrelay.core.outbox import Outbox
 from outrelay.core.registry import Registry
 from outrelay.core.relay import Relay, RunSummary
-from outrelay.core.replay import Projection, ReplayResult, rebuild, replay, replay_many
+from outrelay.core.replay import Projection, ReplayResult, rebuild, replay, replay_many, verify_snapshot
 from outrelay.core.subscriber import Subscription, SubscriptionStats
 from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
 from outrelay.core.transport import (
@@ -55,6 +66,36 @@ from outrelay.core.transport import (
     TransportConfig,
 )
 from outrelay.core.upcasting import Upcasters, default_upcasters, upcast
+
+if TYPE_CHECKING:
+    from outrelay.core.stores.postgres import PostgresStore as PostgresStore
+    from outrelay.plugins.claimcheck import Resolver as Resolver
+    from outrelay.plugins.claimcheck import S3Store as S3Store
+    from outrelay.plugins.crypto import PayloadCrypto as PayloadCrypto
+    from outrelay.plugins.metrics import Metrics as Metrics
+    from outrelay.plugins.metrics import serve_metrics as serve_metrics
+    from outrelay.plugins.otel import enable_tracing as enable_tracing
+
+#: names loaded on first use (see the module docstring): name -> module
+_LAZY = {
+    "Metrics": "outrelay.plugins.metrics",
+    "PayloadCrypto": "outrelay.plugins.crypto",
+    "PostgresStore": "outrelay.core.stores.postgres",
+    "Resolver": "outrelay.plugins.claimcheck",
+    "S3Store": "outrelay.plugins.claimcheck",
+    "enable_tracing": "outrelay.plugins.otel",
+    "serve_metrics": "outrelay.plugins.metrics",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The names of :data:`_LAZY`, imported on first use. :raises AttributeError: any other name.
+    :raises MissingExtraError: the module needs an extra that is not installed (its own error)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'outrelay' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "BusConfig",
@@ -103,6 +144,8 @@ __all__ = [
     "Upcasters",
     "UsageError",
     "__version__",
+    "aread_stream",
+    "ascan",
     "default_upcasters",
     "hookimpl",
     "load_config",
@@ -114,4 +157,5 @@ __all__ = [
     "scan",
     "upcast",
     "uuid7",
+    "verify_snapshot",
 ]
