@@ -82,6 +82,7 @@ from outrelay.kit import (
     SubscriptionSpec,
     UsageError,
 )
+from outrelay.transports.rabbitmq._client import connect
 from outrelay.transports.rabbitmq._config import RabbitMQConfig
 from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, classify, scrub
 from outrelay.transports.rabbitmq._lanes import LOST, Lane, Link
@@ -143,8 +144,6 @@ class RabbitMQSubscription(SubscriptionBackend):
 
     async def _attach(self) -> None:
         """Connect, declare and bind, and consume (see the module docstring)."""
-        from outrelay.transports.rabbitmq._transport import connect
-
         await self._drop()
         heartbeat = max(2, round(self.spec.claim_timeout))
         conn = await connect(self.cfg, self.destination, name=f"outrelay subscriber {self.spec.member}",
