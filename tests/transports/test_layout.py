@@ -33,7 +33,6 @@ KNOWN: set[str] = {
     "cycle kafka: _reader -> _transport -> _reader",
     "cycle nats: _check -> _subscriber -> _transport -> _check",
     "cycle pulsar: _reader -> _transport -> _reader",
-    "cycle redis: _group -> _subscriber -> _group",
     "module _aws.py",
     "module _aws_batch.py",
     "module _aws_transport.py",

@@ -94,7 +94,7 @@ class TestRedisConformance(ConformanceSuite):
             binding=Binding("redis", prefix="ce_"),
             publish_foreign=publish_foreign,
             claim_timeout=2.0,
-            late_reader=lambda t, key: t.reader(key, from_beginning=True),
+            late_reader=lambda t, key: t.reader(key, **(RedisTransport.conformance_late_reader_options or {})),
         )
         try:
             if keys:

@@ -14,7 +14,7 @@ Two ways keep ``ordered_batches`` honest:
   holding the *k*-th event of every stream still in good standing. One round
   trip per wave, so a batch with many events per stream takes several.
 
-Both write the same entries as :func:`outrelay.transports.redis._transport.encode`
+Both write the same entries as :func:`outrelay.transports.redis._wire.encode`
 (same field names, values and order). The script path never builds that
 dict: :func:`pack_chunk` turns a chunk into two arguments — a JSON header
 (written by orjson, decoded by the script with ``cjson``) and the events'
