@@ -38,6 +38,7 @@ __all__ = [
     "classify",
     "mapped",
     "publish_refused",
+    "reply_text",
     "result_for",
     "scrub",
 ]
@@ -53,7 +54,8 @@ def scrub(text: str, secrets: Sequence[str]) -> str:
     return text
 
 
-def _reply(exc: BaseException) -> str:
+def reply_text(exc: BaseException) -> str:
+    """The broker's reply code and text an aiormq exception carries (else its type's name)."""
     # ChannelClosed and friends carry (reply_code, reply_text) from the broker
     args = [a for a in exc.args if isinstance(a, str | int)]
     return " ".join(str(a) for a in args) or type(exc).__name__
@@ -83,7 +85,7 @@ class _AmqpErrors(ErrorMap):
             return tls_hint(refused, "tls_ca_file")
         rule = self.rule(exc)
         hint = rule.hint if rule is not None else "unexpected {type}{to}"
-        return hint.format(to=f" to {target!r}" if target else "", reply=_reply(exc), type=type(exc).__name__)
+        return hint.format(to=f" to {target!r}" if target else "", reply=reply_text(exc), type=type(exc).__name__)
 
     def message(self, exc: BaseException, what: str = "") -> str:
         return redact(": ".join(p for p in (what, self.words(exc)) if p))
@@ -132,7 +134,7 @@ def publish_refused(
     Never contains a secret: ``where`` is the masked URL, the broker's text is scrubbed.
     """
     name = exchange or "amq.default"
-    reply = scrub(_reply(exc), secrets)
+    reply = scrub(reply_text(exc), secrets)
     q_user, q_vhost = shlex.quote(user), shlex.quote(vhost)
     if "internal exchange" in reply:
         return (
