@@ -116,6 +116,10 @@ class RedisTransport(LifecycleTransport[RedisConfig]):
     errors = ERRORS
     target_option = "stream"
     target_segment = "key"
+    #: what the conformance suite cannot certify here, and why (see outrelay.conformance.ConformanceTarget)
+    conformance_unsupported: ClassVar[Mapping[str, str]] = {
+        "throttle": "Redis has no throttling answer (a full server refuses with OOM, no retry hint)",
+    }
     #: the reader that sees what was appended before it started (the durability check)
     conformance_late_reader_options: ClassVar[Mapping[str, Any] | None] = {"from_beginning": True}
 
