@@ -136,16 +136,18 @@ class TestRedisSend:
         assert [g.event.id for g in got] == [e.id for e in events]
         assert got[-1].body == events[-1].data
 
-    async def test_progress_per_chunk_and_no_chunk_after_a_stop(self, redis_url: str) -> None:
-        """Each chunk's outcomes are in the send's progress as soon as its reply arrived, and once the relay
-        stops no later chunk is started: its messages are NotSent and nothing of them reaches the stream."""
+    @pytest.mark.parametrize("batching", ["script", "pipeline"])
+    async def test_progress_per_round_trip_and_none_after_a_stop(self, redis_url: str, batching: str) -> None:
+        """Each chunk's (script) or wave's (pipeline) outcomes are in the send's progress as soon as its reply
+        arrived, and once the relay stops no later one is started: its messages are NotSent and nothing of
+        them reaches the stream."""
         k = key()
-        t = make(redis_url, k)
+        t = make(redis_url, k, batching=batching)
         events = [Event(type="t", stream=f"s{i % 2}", data=bytes([i]) * 1_000_000) for i in range(12)]
         batch = [msg(t, e) for e in events]
         seen: list[int] = []
 
-        class StopAfterFirstChunk(Progress):
+        class StopAfterFirstRoundTrip(Progress):
             def may_start(self, expected: float = 0.0) -> bool:
                 seen.append(sum(isinstance(self.outcome(m), Delivered) for m in batch))
                 self.stop()  # the relay is shutting down
@@ -153,7 +155,7 @@ class TestRedisSend:
 
         await t.open()
         try:
-            with sending(StopAfterFirstChunk()) as progress:
+            with sending(StopAfterFirstRoundTrip()) as progress:
                 results = await t.send(batch)
             stored = await t._client.xlen(k)  # type: ignore[union-attr]
         finally:

@@ -64,7 +64,7 @@ from outrelay.kit import (
     current_progress,
     deferred,
 )
-from outrelay.transports.redis._batch import HELD, XADD_SCRIPT, Entry, send_pipelined, send_scripted
+from outrelay.transports.redis._batch import HELD, XADD_SCRIPT, Entry, send_scripted, send_waves
 from outrelay.transports.redis._client import Client, connect, open_client
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._errors import ERRORS, describe, map_redis_errors
@@ -254,7 +254,7 @@ class RedisTransport(LifecycleTransport[RedisConfig]):
             )
             for m in messages
         ]
-        return await send_pipelined(client, entries)
+        return await send_waves(client, entries, messages, current_progress())
 
     async def _check(self) -> str:
         """PING, server version, and for a static key: that it is a stream (or absent)
