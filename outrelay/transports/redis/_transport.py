@@ -242,6 +242,7 @@ class RedisTransport(LifecycleTransport[RedisConfig]):
                 head=head,
                 where=self._where,
                 destination=self.destination,
+                progress=current_progress(),
             )
         if self._script is not None:
             return await send_scripted(self._script, messages, mode=self.cfg.mode, producer_id=producer_id, head=head)
