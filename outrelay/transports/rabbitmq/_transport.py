@@ -63,6 +63,7 @@ from outrelay.kit import (
     Reader,
     Rejected,
     RejectedTarget,
+    RetryableError,
     RetryLater,
     SendResult,
     SubscriptionBackend,
@@ -166,7 +167,15 @@ class RabbitMQTransport(LifecycleTransport[RabbitMQConfig]):
         channel = self._channel
         assert channel is not None  # open
         try:
-            wire = await channel.get_underlay_channel()
+            # the robust channel waits for its connection: one lost after send() checked the state is restored
+            # in the background, and this send gives up (nothing started) after connect_timeout
+            wire = await asyncio.wait_for(channel.get_underlay_channel(), self.cfg.connect_timeout)
+        except TimeoutError as exc:
+            raise RetryableError(
+                f"{self.cfg.where}: the connection was lost and is not back within connect_timeout = "
+                f"{self.cfg.connect_timeout:g} s; the client is reconnecting",
+                destination=self.destination,
+            ) from exc
         except VENDOR_ERRORS as exc:
             return [result_for(exc, self._secrets, m.target) for m in batch]
         # messages are staged (encoded, with a confirm future each) and written together: one write per
