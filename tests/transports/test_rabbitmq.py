@@ -149,6 +149,38 @@ class TestPublish:
             await t.close()
             await proxy.stop()
 
+    async def test_close_while_reconnecting_stops_the_client(
+        self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory
+    ) -> None:
+        """While the broker is unreachable the transport is ``reconnecting`` (sends raise RetryableError at
+        once); close() then stops the client: it connects nowhere once the broker is reachable again."""
+        ex = await rabbitmq_exchanges("rcc")
+        parts = urlsplit(rabbitmq_url)
+        upstream = (parts.hostname or "127.0.0.1", parts.port or 5672)
+        proxy = TcpProxy(*upstream)
+        await proxy.start()
+        url = rabbitmq_url.replace(f"{parts.hostname}:{parts.port or 5672}", f"127.0.0.1:{proxy.port}")
+        t = RabbitMQTransport(RabbitMQConfig(url=url, exchange=ex, connect_timeout=1, confirm_timeout=2))
+        await t.open()
+        again = TcpProxy(*upstream, listen_port=proxy.port)
+        try:
+            await proxy.stop()  # drops the connection and refuses new ones
+            for _ in range(100):
+                if t.state == "reconnecting":
+                    break
+                await asyncio.sleep(0.05)
+            assert t.state == "reconnecting"
+            with pytest.raises(RetryableError, match="reconnecting"):
+                await t.send(_messages(t, [Event(type="t", stream="s")]))
+            await t.close()
+            assert t.state == "closed"
+            await again.start()  # the broker is reachable again: a client still reconnecting would connect
+            await asyncio.sleep(1.5)
+            assert again.stats["connections"] == 0
+        finally:
+            await t.close()
+            await again.stop()
+
 
 class TestErrors:
     async def test_unreachable_is_retryable_and_quick(self) -> None:
