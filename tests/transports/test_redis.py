@@ -319,6 +319,29 @@ class TestRedisLifecycle:
             await client.aclose()
 
 
+class TestRedisConformanceHooks:
+    async def test_cleanup_and_foreign_entry(self, redis_url: str) -> None:
+        """conformance_publish_foreign appends an entry that is no CloudEvent; conformance_cleanup deletes the
+        configured key and its groups' gate lists, and nothing else."""
+        k = key()
+        t = make(redis_url, k)
+        other = aioredis.Redis.from_url(redis_url)
+        await t.open()
+        try:
+            await t.conformance_publish_foreign()
+            [(_, fields)] = await other.xrange(k)
+            assert fields == {b"hello": b"world"}
+            await other.rpush(f"{k}:gate:1:g:s", "1-0")
+            await other.set(f"{k}-neighbour", "stays")
+            await t.conformance_cleanup()
+            assert await other.exists(k, f"{k}:gate:1:g:s") == 0
+            assert await other.get(f"{k}-neighbour") == b"stays"
+        finally:
+            await t.close()
+            await other.delete(f"{k}-neighbour")
+            await other.aclose()
+
+
 class TestRedisErrors:
     def test_classification(self) -> None:
         """WRONGTYPE, NOPERM and syntax errors are Rejected; OOM, LOADING, READONLY, TRYAGAIN, I/O errors RetryLater."""

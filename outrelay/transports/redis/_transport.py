@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -298,6 +299,28 @@ class RedisTransport(LifecycleTransport[RedisConfig]):
                     destination=self.destination,
                 )
         return f"user {user!r} may {' and '.join(c[0] for c in commands)}"
+
+    # -- conformance runner hooks (see outrelay.conformance.runner) ------------------------------------------
+
+    async def conformance_cleanup(self) -> None:
+        """Delete the configured ``stream`` key and its consumer groups' gate lists (``<key>:gate:*``):
+        what the conformance runner's checks left on their per-check key. A template: nothing."""
+        client = self._client
+        if client is None or self._template is None or not self._template.is_static:
+            return
+        key = self.cfg.stream
+        pattern = re.sub(r"([*?\[\]\\])", r"\\\1", key) + ":gate:*"  # the key itself matched literally
+        with map_redis_errors(f"DEL {key}", self.destination):
+            doomed = [key, *[k async for k in client.scan_iter(match=pattern, count=1000)]]
+            for k in doomed:  # one key per call: on a cluster a multi-key DEL must not cross slots
+                await client.delete(k)
+
+    async def conformance_publish_foreign(self) -> None:
+        """Append an entry that is not an outrelay CloudEvent (no ``ce_*`` fields) to the configured key."""
+        client = self._client
+        assert client is not None  # the runner opens the transport first
+        with map_redis_errors(f"XADD {self.cfg.stream}", self.destination):
+            await client.xadd(self.cfg.stream, {"hello": b"world"})
 
     def reader(self, target: str, **options: Any) -> Reader:
         """A consumer-group reader of ``target`` (options: ``group``, ``consumer``, ``from_beginning``)."""
