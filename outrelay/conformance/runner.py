@@ -45,7 +45,10 @@ binding, a late reader, declared limitations, code hooks) comes from a
 conformance config file (``conformance_config``, CLI ``--conformance-config``;
 see :mod:`outrelay.conformance._runner_hooks`). A class may declare the reader
 options of its late reader (the durability check) as
-``conformance_late_reader_options: ClassVar[Mapping[str, Any]]``.
+``conformance_late_reader_options: ClassVar[Mapping[str, Any]]``, and what the suite cannot
+certify on it (e.g. ``late_reader`` for a broker that keeps nothing for absent readers) as
+``conformance_unsupported: ClassVar[Mapping[str, str]]`` (name -> why; a config file's
+``unsupported`` adds to it).
 
 Cleanup. A transport class may define ``async def conformance_cleanup(self)
 -> None``: delete what was created under its configured target (a Redis
@@ -358,7 +361,7 @@ def build_target(
             "make_unreachable": (lambda _target: build(dict(down))) if down is not None else None,
             "isolated": False,
         }
-        return _target(base_fields | common | hook_fields(hooks, shared, build, options))
+        return _target(_declared(cls, base_fields | common | hook_fields(hooks, shared, build, options)))
     fields: dict[str, Any] = {
         "make_transport": lambda target: per_check(target, {}),
         "make_unreachable": (lambda target: per_check(target, down)) if down is not None else None,
@@ -371,7 +374,14 @@ def build_target(
     if names:
         defaults = {n: f.default for n, f in cls.Config.model_fields.items()}
         fields |= endpoint_fields(names, options, defaults, per_check)
-    return _target(fields | hook_fields(hooks, per_check, build, options))  # the file's hooks win
+    return _target(_declared(cls, fields | hook_fields(hooks, per_check, build, options)))  # the file's hooks win
+
+
+def _declared(cls: type, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``fields`` with the class's ``conformance_unsupported`` under the ``unsupported`` a config file
+    gave (the file's reason wins for a name both declare)."""
+    declared = getattr(cls, "conformance_unsupported", None) or {}
+    return {**fields, "unsupported": {**declared, **fields.get("unsupported", {})}} if declared else dict(fields)
 
 
 def _target(fields: Mapping[str, Any]) -> ConformanceTarget:

@@ -32,11 +32,16 @@ FAST = RetryPolicy(initial_delay=0.01, max_delay=0.05, jitter=0.0)
 
 @pytest.fixture(params=BACKENDS)
 async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness(await make_backend(request.param, request), tmp_path)
+    backend = await make_backend(request.param, request)
+    h = Harness(backend, tmp_path)
     try:
         yield h
     finally:
-        await h.close()
+        try:
+            await h.close()
+        finally:
+            if backend.cleanup is not None:
+                await backend.cleanup()
 
 
 class TestFailures:

@@ -37,3 +37,15 @@ async def test_delayed_broker_acks_never_publish_an_event_twice(tmp_path: Path, 
     assert outcome.duplicates == 0, outcome.report()
     assert outcome.summary.counts["d"]["duplicates"] == 0, outcome.report()
     assert outcome.summary.counts["d"]["retried"] == 0, outcome.report()
+
+
+async def test_delayed_rabbitmq_confirms_never_publish_an_event_twice(tmp_path: Path, rabbitmq_rig: Rig) -> None:
+    """RabbitMQ with one unconfirmed message per stream (``pipeline = false``), its confirms delayed 50 ms each
+    way by the proxy and a 1 s attempt deadline against lanes of 20 (≥ 2 s): every event arrives in order,
+    none is published twice, and no attempt failed (the cut lane keeps what was confirmed)."""
+    rabbitmq_rig.options |= {"per_stream": 20, "attempt_timeout": 1.0, "pipeline": False}
+    rabbitmq_rig.proxy.latency = 0.05
+    outcome = await run_chaos(tmp_path, rabbitmq_rig, [], events=60, streams=3, limit=40)
+    outcome.check()
+    assert outcome.duplicates == 0, outcome.report()
+    assert outcome.summary.counts["d"]["retried"] == 0, outcome.report()

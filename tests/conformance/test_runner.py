@@ -13,7 +13,7 @@ import pytest
 
 from outrelay.conformance import CHECKS
 from outrelay.conformance._harness import run_check
-from outrelay.conformance._runner_hooks import endpoint_fields, load_hooks
+from outrelay.conformance._runner_hooks import RunnerHooks, endpoint_fields, load_hooks
 from outrelay.conformance.runner import build_target, target_option
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError
@@ -95,6 +95,15 @@ class TestBuildTarget:
         assert not target.isolated
         assert "configured target as is" in target.label
         assert target.make_transport("ignored").cfg.path.endswith("out/events.jsonl")  # type: ignore[attr-defined]
+
+    def test_unsupported_declared_on_the_transport_class(self, config: Path) -> None:
+        """A class's conformance_unsupported reaches the target (so a check such as durable_late_reader skips
+        with the class's reason from the command line too); a config file's unsupported adds to it and wins."""
+        declared = dict(MemoryTransport.conformance_unsupported)
+        assert build_target(str(config), "mem").unsupported == declared
+        hooks = RunnerHooks(unsupported={"throttle": "no throttling", "processes": "the file's reason"})
+        got = build_target(str(config), "mem", hooks=hooks).unsupported
+        assert got == {**declared, "throttle": "no throttling", "processes": "the file's reason"}
 
     def test_publish_foreign_comes_from_the_transport_class(self, config: Path, tmp_path: Path) -> None:
         """A class's conformance_publish_foreign becomes the target's publish_foreign hook, so the foreign-message
@@ -182,7 +191,7 @@ class TestConformanceConfig:
         )
         assert (target.label, target.timeout, target.secret) == ("mem by file", 3.0, "s3cr3t-broker")
         assert target.binding is not None and target.binding.prefix == "ce-"
-        assert target.unsupported == {"throttle": "never throttles"}
+        assert target.unsupported == {**MemoryTransport.conformance_unsupported, "throttle": "never throttles"}
         assert target.make_forbidden is not None and target.make_forbidden("t").cfg.down  # type: ignore[attr-defined]
         assert target.refuse_target is not None and target.late_reader is not None
 

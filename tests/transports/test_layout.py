@@ -24,10 +24,7 @@ TRANSPORTS = ROOT / "transports"
 MAX_LINES = 60
 
 #: violations still being worked off (see the module docstring); empty when the migration is done
-KNOWN: set[str] = {
-    "cycle rabbitmq: _reader -> _transport -> _reader",
-    "cycle redis: _group -> _subscriber -> _group",
-}
+KNOWN: set[str] = set()
 
 
 def _imports(path: Path) -> Iterator[tuple[int, str]]:

@@ -92,21 +92,34 @@ class TestPublish:
     async def test_reconnects_after_connection_loss(
         self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory
     ) -> None:
-        """When the connection is lost, the next sends reconnect by themselves (once, even when concurrent)."""
+        """When the connection is lost, the client reconnects by itself: the transport is ``reconnecting``
+        meanwhile (sends raise RetryableError at once), then open again, and concurrent sends deliver."""
         ex = await rabbitmq_exchanges("rc")
         await rabbitmq_exchanges.queue(ex, "#")
         t = RabbitMQTransport(RabbitMQConfig(url=rabbitmq_url, exchange=ex))
         await t.open()
         try:
-            assert t._conn is not None
-            await t._conn.close()  # what a broker restart or a cut socket looks like to us
+            assert t._conn is not None and t._conn.transport is not None
+            # what a broker restart or a cut socket looks like to the client: its AMQP connection closes under it
+            await t._conn.transport.connection.close(ConnectionResetError("cut"))
+            states = {t.state}
+            for _ in range(200):
+                if t.state == "reconnecting":
+                    with pytest.raises(RetryableError, match="reconnecting"):
+                        await t.send(_messages(t, [Event(type="t", stream="early")]))
+                states.add(t.state)
+                if "reconnecting" in states and t.state == "open":
+                    break
+                await asyncio.sleep(0.05)
+            assert "reconnecting" in states and t.state == "open", states
             sends = [t.send(_messages(t, [Event(type="t", stream=f"s{i}")])) for i in range(4)]
-            assert await asyncio.gather(*sends) == [[Delivered()]] * 4  # concurrent senders share one reconnect
+            assert await asyncio.gather(*sends) == [[Delivered()]] * 4
         finally:
             await t.close()
 
     async def test_recovers_from_a_cut_connection(self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory) -> None:
-        """After the network drops the connection, sends fail retryably at worst, then reconnect and deliver."""
+        """After the network drops the connection, sends fail retryably at worst (RetryLater, or RetryableError while
+        the client reconnects), then deliver again."""
         ex = await rabbitmq_exchanges("cut")
         await rabbitmq_exchanges.queue(ex, "#")
         parts = urlsplit(rabbitmq_url)
@@ -118,9 +131,14 @@ class TestPublish:
         try:
             assert await t.send(_messages(t, [Event(type="t", stream="s")])) == [Delivered()]
             proxy.cut()
-            outcomes = []
-            for _ in range(20):
-                (r,) = await t.send(_messages(t, [Event(type="t", stream="s")]))
+            outcomes: list[object] = []
+            for _ in range(50):
+                try:
+                    (r,) = await t.send(_messages(t, [Event(type="t", stream="s")]))
+                except RetryableError as exc:  # reconnecting: refused at once
+                    outcomes.append(exc)
+                    await asyncio.sleep(0.1)
+                    continue
                 outcomes.append(r)
                 if isinstance(r, Delivered):
                     break
@@ -130,6 +148,38 @@ class TestPublish:
         finally:
             await t.close()
             await proxy.stop()
+
+    async def test_close_while_reconnecting_stops_the_client(
+        self, rabbitmq_url: str, rabbitmq_exchanges: ExchangeFactory
+    ) -> None:
+        """While the broker is unreachable the transport is ``reconnecting`` (sends raise RetryableError at
+        once); close() then stops the client: it connects nowhere once the broker is reachable again."""
+        ex = await rabbitmq_exchanges("rcc")
+        parts = urlsplit(rabbitmq_url)
+        upstream = (parts.hostname or "127.0.0.1", parts.port or 5672)
+        proxy = TcpProxy(*upstream)
+        await proxy.start()
+        url = rabbitmq_url.replace(f"{parts.hostname}:{parts.port or 5672}", f"127.0.0.1:{proxy.port}")
+        t = RabbitMQTransport(RabbitMQConfig(url=url, exchange=ex, connect_timeout=1, confirm_timeout=2))
+        await t.open()
+        again = TcpProxy(*upstream, listen_port=proxy.port)
+        try:
+            await proxy.stop()  # drops the connection and refuses new ones
+            for _ in range(100):
+                if t.state == "reconnecting":
+                    break
+                await asyncio.sleep(0.05)
+            assert t.state == "reconnecting"
+            with pytest.raises(RetryableError, match="reconnecting"):
+                await t.send(_messages(t, [Event(type="t", stream="s")]))
+            await t.close()
+            assert t.state == "closed"
+            await again.start()  # the broker is reachable again: a client still reconnecting would connect
+            await asyncio.sleep(1.5)
+            assert again.stats["connections"] == 0
+        finally:
+            await t.close()
+            await again.stop()
 
 
 class TestErrors:

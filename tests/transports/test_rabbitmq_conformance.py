@@ -111,14 +111,7 @@ class TestRabbitMQConformance(ConformanceSuite):
             make_transport=lambda target: make(target, url),
             provision=provision,
             make_unreachable=lambda target: make(target, _netloc(url, "127.0.0.1", free_port())),
-            unsupported={
-                "throttle": "RabbitMQ throttles by blocking the connection (flow control), with no retry hint",
-                "from_beginning": "an exchange keeps nothing: a group's queues hold what arrived since its first start",
-                "late_reader": (
-                    "an exchange keeps nothing: a message persists in the queues bound when it is sent, and the reader "
-                    "binds its own queue when it starts (with none bound, the transport refuses it as unroutable)"
-                ),
-            },
+            unsupported=RabbitMQTransport.conformance_unsupported,  # declared once, on the class
             label="rabbitmq (real RabbitMQ 3.10 broker" + (", users of the run)" if user else ")"),
             read_timeout=10.0,
             upstream=lambda target: (parts.hostname or "127.0.0.1", parts.port or 5672),

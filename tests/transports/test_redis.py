@@ -13,7 +13,8 @@ import redis.asyncio as aioredis
 
 from outrelay import Event, Message, PermanentError, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core import cloudevents
-from outrelay.core.transport import Delivered
+from outrelay.core.progress import Progress, sending
+from outrelay.core.transport import Delivered, NotSent
 from outrelay.transports.redis._batch import HELD
 from outrelay.transports.redis._reader import decode
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport, encode
@@ -39,7 +40,7 @@ async def _delete_test_keys(redis_url: str) -> AsyncIterator[None]:
     """Leave the shared Redis as it was: drop every key these tests created."""
     yield
     client = aioredis.Redis.from_url(redis_url)
-    keys = [k async for k in client.scan_iter(match="outrelay-test:*", count=1000)]
+    keys = [k async for k in client.scan_iter(match="outrelay-test-*", count=1000)]  # key()'s names
     if keys:
         await client.delete(*keys)
     await client.aclose()
@@ -134,6 +135,37 @@ class TestRedisSend:
             await t.close()
         assert [g.event.id for g in got] == [e.id for e in events]
         assert got[-1].body == events[-1].data
+
+    @pytest.mark.parametrize("batching", ["script", "pipeline"])
+    async def test_progress_per_round_trip_and_none_after_a_stop(self, redis_url: str, batching: str) -> None:
+        """Each chunk's (script) or wave's (pipeline) outcomes are in the send's progress as soon as its reply
+        arrived, and once the relay stops no later one is started: its messages are NotSent and nothing of
+        them reaches the stream."""
+        k = key()
+        t = make(redis_url, k, batching=batching)
+        events = [Event(type="t", stream=f"s{i % 2}", data=bytes([i]) * 1_000_000) for i in range(12)]
+        batch = [msg(t, e) for e in events]
+        seen: list[int] = []
+
+        class StopAfterFirstRoundTrip(Progress):
+            def may_start(self, expected: float = 0.0) -> bool:
+                seen.append(sum(isinstance(self.outcome(m), Delivered) for m in batch))
+                self.stop()  # the relay is shutting down
+                return super().may_start(expected)
+
+        await t.open()
+        try:
+            with sending(StopAfterFirstRoundTrip()) as progress:
+                results = await t.send(batch)
+            stored = await t._client.xlen(k)  # type: ignore[union-attr]
+        finally:
+            await t.close()
+        first = sum(isinstance(r, Delivered) for r in results)
+        assert seen and seen[0] == first > 0, (seen, first)  # recorded before the next chunk was considered
+        assert results[:first] == [Delivered()] * first and 0 < first < len(batch)
+        assert all(isinstance(r, NotSent) for r in results[first:]), results
+        assert [progress.outcome(m) for m in batch] == results
+        assert stored == first
 
     async def test_oversized_is_rejected(self, redis_url: str) -> None:
         """Data over max_message_bytes is Rejected without being sent."""
@@ -285,6 +317,29 @@ class TestRedisLifecycle:
         finally:
             await client.delete(k)
             await client.aclose()
+
+
+class TestRedisConformanceHooks:
+    async def test_cleanup_and_foreign_entry(self, redis_url: str) -> None:
+        """conformance_publish_foreign appends an entry that is no CloudEvent; conformance_cleanup deletes the
+        configured key and its groups' gate lists, and nothing else."""
+        k = key()
+        t = make(redis_url, k)
+        other = aioredis.Redis.from_url(redis_url)
+        await t.open()
+        try:
+            await t.conformance_publish_foreign()
+            [(_, fields)] = await other.xrange(k)
+            assert fields == {b"hello": b"world"}
+            await other.rpush(f"{k}:gate:1:g:s", "1-0")
+            await other.set(f"{k}-neighbour", "stays")
+            await t.conformance_cleanup()
+            assert await other.exists(k, f"{k}:gate:1:g:s") == 0
+            assert await other.get(f"{k}-neighbour") == b"stays"
+        finally:
+            await t.close()
+            await other.delete(f"{k}-neighbour")
+            await other.aclose()
 
 
 class TestRedisErrors:

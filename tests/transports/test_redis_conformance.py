@@ -81,9 +81,7 @@ class TestRedisConformance(ConformanceSuite):
             make_transport=lambda key: make(key, redis_url),
             provision=provision,
             make_unreachable=lambda key: make(key, f"redis://127.0.0.1:{free_port()}/0"),
-            unsupported={
-                "throttle": "Redis has no throttling answer (a full server refuses with OOM, no retry hint)",
-            },
+            unsupported=RedisTransport.conformance_unsupported,  # declared once, on the class
             label="redis (real redis-server, ACL users of the run)",
             read_timeout=5.0,
             upstream=lambda key: (parts.hostname or "127.0.0.1", parts.port or 6379),
@@ -94,7 +92,7 @@ class TestRedisConformance(ConformanceSuite):
             binding=Binding("redis", prefix="ce_"),
             publish_foreign=publish_foreign,
             claim_timeout=2.0,
-            late_reader=lambda t, key: t.reader(key, from_beginning=True),
+            late_reader=lambda t, key: t.reader(key, **(RedisTransport.conformance_late_reader_options or {})),
         )
         try:
             if keys:

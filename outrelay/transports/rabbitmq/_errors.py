@@ -1,9 +1,12 @@
-"""The one place where aio-pika/aiormq exceptions become outrelay's.
+"""The one place where aio-pika/aiormq exceptions become outrelay's: the table :data:`ERRORS`.
 
-:func:`classify` decides retryable vs permanent and writes a message that
-never contains a secret (texts are scrubbed of the configured passwords);
-:func:`result_for` makes a per-message result, :func:`mapped` is the
-context manager for whole operations (connect, declare, check, reader);
+:data:`ERRORS` (a :class:`~outrelay.kit.ErrorMap`, the transport's ``errors``)
+says, per vendor exception, retryable or permanent and in which words; its
+``{to}`` and ``{reply}`` are filled with the message's target and the
+broker's reply text. :func:`classify` gives ``(retryable, message)`` with
+the texts scrubbed of the configured passwords (a message never contains a
+secret); :func:`result_for` makes a per-message result, :func:`mapped` is
+the context manager for whole operations (connect, declare, check, reader);
 :func:`publish_refused` words the 403 of ``check()``'s publish probe.
 """
 
@@ -13,28 +16,36 @@ import shlex
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-import aiormq.exceptions
+import aiormq.exceptions as ax
 
-from outrelay.kit import PermanentError, Rejected, RetryableError, RetryLater, SendResult, certificate_refused, tls_hint
+from outrelay.kit import (
+    ErrorMap,
+    PermanentError,
+    Rejected,
+    RetryableError,
+    RetryLater,
+    Rule,
+    SendResult,
+    certificate_refused,
+    redact,
+    tls_hint,
+)
 
 __all__ = [
+    "ERRORS",
     "TOPIC_REFUSAL",
     "VENDOR_ERRORS",
-    "Unroutable",
     "classify",
     "mapped",
     "publish_refused",
+    "reply_text",
     "result_for",
     "scrub",
 ]
 
-VENDOR_ERRORS = (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError, TimeoutError)
+VENDOR_ERRORS = (ax.AMQPError, ax.ChannelInvalidStateError, OSError, TimeoutError)
 #: in the broker's 403 text when topic authorisation (not the exchange's write permission) refused a routing key
 TOPIC_REFUSAL = "access to topic"
-
-
-class Unroutable(Exception):
-    """The broker returned a mandatory message: no queue is bound for its routing key."""
 
 
 def scrub(text: str, secrets: Sequence[str]) -> str:
@@ -43,49 +54,71 @@ def scrub(text: str, secrets: Sequence[str]) -> str:
     return text
 
 
-def _reply(exc: BaseException) -> str:
+def reply_text(exc: BaseException) -> str:
+    """The broker's reply code and text an aiormq exception carries (else its type's name)."""
     # ChannelClosed and friends carry (reply_code, reply_text) from the broker
     args = [a for a in exc.args if isinstance(a, str | int)]
     return " ".join(str(a) for a in args) or type(exc).__name__
 
 
-def classify(exc: BaseException, secrets: Sequence[str] = (), target: str | None = None) -> tuple[bool, str]:
-    """``(retryable, message)`` for an aio-pika/aiormq exception (or a timeout)."""
-    to = f" to {target!r}" if target else ""
-    if isinstance(exc, aiormq.exceptions.AuthenticationError | aiormq.exceptions.ProbableAuthenticationError):
-        return False, "authentication failed: check user/password and the user's access to the vhost"
-    if isinstance(exc, aiormq.exceptions.ConnectionNotAllowed):
-        return False, "the broker refused the vhost: check vhost and the user's permissions"
-    if isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc):
-        # aiormq's only trace of a 530 NOT_ALLOWED (or 403) answer to Connection.Open
-        return (
-            False,
-            "the broker closed the connection while opening it: check that the vhost exists and the user may use it",
-        )
-    if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
-        return True, f"not found{to}: {scrub(_reply(exc), secrets)} (declare the exchange or set declare_exchange)"
-    if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
-        return False, f"access refused{to}: {scrub(_reply(exc), secrets)} (grant the user write permission)"
-    if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
-        return False, f"precondition failed{to}: {scrub(_reply(exc), secrets)}"
-    if isinstance(exc, aiormq.exceptions.PublishError):
-        return True, f"returned by the broker{to}"  # handled as Unroutable by the transport
-    if isinstance(exc, aiormq.exceptions.DeliveryError):
-        return True, f"the broker nacked the message{to} (queue overflow reject-publish or an internal error)"
-    if isinstance(exc, TimeoutError):
-        return True, f"no publisher confirm in time{to} (broker slow, blocked by an alarm, or unreachable)"
-    if isinstance(exc, aiormq.exceptions.ChannelInvalidStateError | aiormq.exceptions.AMQPChannelError):
-        return True, f"the channel closed{to}: {scrub(_reply(exc), secrets)}"
-    if isinstance(exc, ConnectionError | OSError | aiormq.exceptions.AMQPConnectionError):
+def _open_refused(exc: BaseException) -> bool:
+    # aiormq's only trace of a 530 NOT_ALLOWED (or 403) answer to Connection.Open
+    return isinstance(exc, ax.InvalidFrameError) and "Connection.Close" in str(exc)
+
+
+def _tls(exc: BaseException) -> bool:
+    return certificate_refused(exc) is not None
+
+
+_UNREACHABLE = (ConnectionError, OSError, ax.AMQPConnectionError)
+
+
+class _AmqpErrors(ErrorMap):
+    """An :class:`~outrelay.kit.ErrorMap` whose hints are templates (see the module docstring)."""
+
+    __slots__ = ()
+
+    def words(self, exc: BaseException, target: str | None = None) -> str:
+        """The hint of ``exc``'s rule filled in (unscrubbed: callers scrub or redact)."""
         refused = certificate_refused(exc)
         if refused is not None:
-            return False, tls_hint(refused, "tls_ca_file")
-        return True, f"cannot reach the broker ({type(exc).__name__}){to}"
-    return True, f"unexpected {type(exc).__name__}{to}"
+            return tls_hint(refused, "tls_ca_file")
+        rule = self.rule(exc)
+        hint = rule.hint if rule is not None else "unexpected {type}{to}"
+        return hint.format(to=f" to {target!r}" if target else "", reply=reply_text(exc), type=type(exc).__name__)
+
+    def message(self, exc: BaseException, what: str = "") -> str:
+        return redact(": ".join(p for p in (what, self.words(exc)) if p))
+
+
+#: every vendor exception: retryable or permanent, and how to say it (the first matching rule wins)
+ERRORS = _AmqpErrors(
+    Rule(_tls, "reject"),  # worded by tls_hint
+    Rule((ax.AuthenticationError, ax.ProbableAuthenticationError), "reject",
+         "authentication failed: check user/password and the user's access to the vhost"),
+    Rule(ax.ConnectionNotAllowed, "reject", "the broker refused the vhost: check vhost and the user's permissions"),
+    Rule(_open_refused, "reject", "the broker closed the connection while opening it: check that the vhost "
+         "exists and the user may use it"),
+    Rule(ax.ChannelNotFoundEntity, "retry",
+         "not found{to}: {reply} (declare the exchange or set declare_exchange)"),
+    Rule(ax.ChannelAccessRefused, "reject", "access refused{to}: {reply} (grant the user write permission)"),
+    Rule(ax.ChannelPreconditionFailed, "reject", "precondition failed{to}: {reply}"),
+    Rule(ax.PublishError, "retry", "returned by the broker{to}"),  # unroutable: the transport words it
+    Rule(ax.DeliveryError, "retry",
+         "the broker nacked the message{to} (queue overflow reject-publish or an internal error)"),
+    Rule(TimeoutError, "retry", "no publisher confirm in time{to} (broker slow, blocked by an alarm, or unreachable)"),
+    Rule((ax.ChannelInvalidStateError, ax.AMQPChannelError), "retry", "the channel closed{to}: {reply}"),
+    Rule(_UNREACHABLE, "retry", "cannot reach the broker ({type}){to}"),
+)  # fmt: skip
+
+
+def classify(exc: BaseException, secrets: Sequence[str] = (), target: str | None = None) -> tuple[bool, str]:
+    """``(retryable, message)`` for an aio-pika/aiormq exception (or a timeout), by :data:`ERRORS`."""
+    return ERRORS.kind(exc) == "retry", scrub(ERRORS.words(exc, target), secrets)
 
 
 def publish_refused(
-    exc: aiormq.exceptions.ChannelAccessRefused,
+    exc: ax.ChannelAccessRefused,
     *,
     user: str,
     vhost: str,
@@ -101,7 +134,7 @@ def publish_refused(
     Never contains a secret: ``where`` is the masked URL, the broker's text is scrubbed.
     """
     name = exchange or "amq.default"
-    reply = scrub(_reply(exc), secrets)
+    reply = scrub(reply_text(exc), secrets)
     q_user, q_vhost = shlex.quote(user), shlex.quote(vhost)
     if "internal exchange" in reply:
         return (

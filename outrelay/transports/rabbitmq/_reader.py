@@ -19,6 +19,7 @@ from typing import Any
 import aio_pika.abc
 
 from outrelay.kit import Reader, Received, UsageError, from_binary
+from outrelay.transports.rabbitmq._client import connect
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, split_target
 from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, mapped
 
@@ -64,8 +65,6 @@ class RabbitMQReader(Reader):
         self._inbox: asyncio.Queue[aio_pika.abc.AbstractIncomingMessage] = asyncio.Queue()
 
     async def start(self) -> None:
-        from outrelay.transports.rabbitmq._transport import connect
-
         self._conn = await connect(self.cfg, self.destination, name="outrelay reader")
         exchange, routing_key = split_target(self.target)
         try:

@@ -82,8 +82,9 @@ from outrelay.kit import (
     SubscriptionSpec,
     UsageError,
 )
+from outrelay.transports.rabbitmq._client import connect
 from outrelay.transports.rabbitmq._config import RabbitMQConfig
-from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, classify, scrub
+from outrelay.transports.rabbitmq._errors import VENDOR_ERRORS, classify, reply_text, scrub
 from outrelay.transports.rabbitmq._lanes import LOST, Lane, Link
 from outrelay.transports.rabbitmq._reader import decode
 from outrelay.transports.rabbitmq._shards import Balancer, declare_shards, queue_arguments
@@ -98,10 +99,6 @@ def group_queue(group: str, exchange: str) -> str:
     """The name of group ``group``'s queue on ``exchange`` (with ``group_shards > 1``: of its hash
     exchange, and the prefix of its shard queues ``<name>.<i>`` and ``<name>.members``)."""
     return f"outrelay.group.{group}.{exchange}"
-
-
-def _reply(exc: BaseException) -> str:
-    return " ".join(str(a) for a in exc.args if isinstance(a, str | int)) or type(exc).__name__
 
 
 class RabbitMQSubscription(SubscriptionBackend):
@@ -143,8 +140,6 @@ class RabbitMQSubscription(SubscriptionBackend):
 
     async def _attach(self) -> None:
         """Connect, declare and bind, and consume (see the module docstring)."""
-        from outrelay.transports.rabbitmq._transport import connect
-
         await self._drop()
         heartbeat = max(2, round(self.spec.claim_timeout))
         conn = await connect(self.cfg, self.destination, name=f"outrelay subscriber {self.spec.member}",
@@ -276,40 +271,41 @@ class RabbitMQSubscription(SubscriptionBackend):
 
     @contextlib.contextmanager
     def _mapped(self) -> Iterator[None]:
-        """The subscriber's one vendor-error boundary: clear lines for what a consumer can get wrong."""
+        """The subscriber's vendor-error boundary: :meth:`_refusal` for what a consumer can get wrong
+        (PermanentError), else the transport's table (:func:`~._errors.classify`)."""
         where = f"subscription to {self.exchange}/{self.binding_key} on {self.cfg.where}"
         try:
             yield
-        except aiormq.exceptions.ConnectionCommandInvalid as exc:
-            if "x-consistent-hash" not in str(exc):
-                raise
-            raise PermanentError(
-                f"{where}: group_shards = {self.shards} needs the broker's consistent-hash exchange: run "
-                "`rabbitmq-plugins enable rabbitmq_consistent_hash_exchange`, or set group_shards = 1 "
-                "(one single-active-consumer queue: order kept, no load sharing)",
-                destination=self.destination,
-            ) from exc
-        except aiormq.exceptions.ChannelPreconditionFailed as exc:
-            raise PermanentError(
-                f"{where}: a queue or exchange of group {self.spec.group!r} exists with other arguments "
-                f"({scrub(_reply(exc), self._secrets)}): delete it (rabbitmqctl delete_queue NAME; for the "
-                f"exchange {self.queue!r} the management UI or API) or use another group name",
-                destination=self.destination,
-            ) from exc
-        except aiormq.exceptions.ChannelNotFoundEntity as exc:
-            raise PermanentError(
-                f"{where}: exchange {self.exchange!r} does not exist: declare it, or set declare_exchange = true",
-                destination=self.destination,
-            ) from exc
-        except aiormq.exceptions.ChannelAccessRefused as exc:
-            raise PermanentError(
-                f"{where}: access refused ({scrub(_reply(exc), self._secrets)}): grant the user configure, write "
-                f"and read permission on {self.queue + '*' if self.queue else 'amq.gen-* queues'} and read on "
-                f"{self.exchange!r}",
-                destination=self.destination,
-            ) from exc
         except VENDOR_ERRORS as exc:
+            words = self._refusal(exc)
+            if words is not None:
+                raise PermanentError(f"{where}: {words}", destination=self.destination) from exc
             retryable, message = classify(exc, self._secrets)
             raise (RetryableError if retryable else PermanentError)(
                 f"{where}: {message}", destination=self.destination
             ) from exc
+
+    def _refusal(self, exc: BaseException) -> str | None:
+        """How to fix a declare or consume the broker refused for this subscription's setup, or None."""
+        reply = scrub(reply_text(exc), self._secrets)
+        if isinstance(exc, aiormq.exceptions.ConnectionCommandInvalid) and "x-consistent-hash" in str(exc):
+            return (
+                f"group_shards = {self.shards} needs the broker's consistent-hash exchange: run "
+                "`rabbitmq-plugins enable rabbitmq_consistent_hash_exchange`, or set group_shards = 1 "
+                "(one single-active-consumer queue: order kept, no load sharing)"
+            )
+        if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
+            return (
+                f"a queue or exchange of group {self.spec.group!r} exists with other arguments ({reply}): delete "
+                f"it (rabbitmqctl delete_queue NAME; for the exchange {self.queue!r} the management UI or API) or "
+                "use another group name"
+            )
+        if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
+            return f"exchange {self.exchange!r} does not exist: declare it, or set declare_exchange = true"
+        if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
+            queues = self.queue + "*" if self.queue else "amq.gen-* queues"
+            return (
+                f"access refused ({reply}): grant the user configure, write and read permission on {queues} "
+                f"and read on {self.exchange!r}"
+            )
+        return None

@@ -30,8 +30,12 @@ A missing exchange is found with a passive declare on a side channel (a
 publish to it would close the publishing channel) and reported retryable,
 with how to fix it. ``check`` also proves that the user may publish there,
 with a probe published in an AMQP transaction and rolled back (nothing
-reaches a queue; see :meth:`RabbitMQTransport.check`). Connection or channel
-loss is retryable; the next send reconnects. RabbitMQ has no broker-side
+reaches a queue; see :mod:`._check`). The publisher's connection is aio-pika's
+robust one (:mod:`._client`): when it drops, the transport is
+``reconnecting`` (:class:`~outrelay.kit.LifecycleTransport`: sends raise
+RetryableError at once) until the client has reconnected and restored the
+channel by itself; a closed channel (the connection still up) is reopened
+by the client too, and sends meanwhile get RetryLater. RabbitMQ has no broker-side
 dedupe: ``native_dedupe`` is false (consumers dedupe on ``message_id``).
 
 Subscriptions (consumer groups on shard queues or a single-active-consumer
@@ -43,10 +47,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
-import aio_pika
 import aio_pika.abc
 import aiormq.abc
 import aiormq.exceptions
@@ -55,83 +58,64 @@ from outrelay.kit import (
     Capabilities,
     Delivered,
     Event,
+    LifecycleTransport,
     Message,
     Reader,
     Rejected,
     RejectedTarget,
+    RetryableError,
     RetryLater,
     SendResult,
+    SubscriptionBackend,
+    SubscriptionSpec,
     Template,
-    Transport,
-    UsageError,
     binary_headers,
     send_chained,
     send_pipelined,
 )
+from outrelay.transports.rabbitmq._check import Check
+from outrelay.transports.rabbitmq._client import connect, connect_robust
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, bad_names, split_target, subscription_target
-from outrelay.transports.rabbitmq._errors import (
-    VENDOR_ERRORS,
-    classify,
-    mapped,
-    result_for,
-)
+from outrelay.transports.rabbitmq._errors import ERRORS, VENDOR_ERRORS, classify, mapped, result_for
 from outrelay.transports.rabbitmq._publish import Staged
-from outrelay.transports.rabbitmq._wire import Properties
+from outrelay.transports.rabbitmq._reader import RabbitMQReader
+from outrelay.transports.rabbitmq._subscriber import RabbitMQSubscription
+from outrelay.transports.rabbitmq._wire import HEADER_PREFIX, Properties
 
-if TYPE_CHECKING:
-    from outrelay.kit import SubscriptionBackend, SubscriptionSpec
-
-__all__ = ["HEADER_PREFIX", "RabbitMQConfig", "RabbitMQTransport", "connect"]
+__all__ = ["HEADER_PREFIX", "RabbitMQConfig", "RabbitMQTransport"]
 
 log = logging.getLogger("outrelay.transports.rabbitmq")
-HEADER_PREFIX = "cloudEvents_"
 
 
-async def connect(
-    cfg: RabbitMQConfig, destination: str, name: str = "outrelay", *, heartbeat: int | None = None
-) -> aio_pika.abc.AbstractConnection:
-    """One (non-robust) connection; reconnecting is the transport's job.
-
-    ``heartbeat`` (seconds) overrides the negotiated heartbeat: the broker
-    drops a silent peer (and requeues its unacked messages) after about that long.
-
-    :raises RetryableError: broker unreachable within ``connect_timeout``.
-    :raises PermanentError: authentication or vhost refused.
-    """
-    extra: dict[str, Any] = {"heartbeat": heartbeat} if heartbeat else {}
-    with mapped(f"cannot connect to {cfg.where}", destination, cfg.secrets()):
-        return await asyncio.wait_for(
-            aio_pika.connect(
-                cfg.connection_url(),
-                ssl_context=cfg.ssl_context(),
-                timeout=cfg.connect_timeout,
-                client_properties={"connection_name": f"{name} ({destination})"},
-                **extra,
-            ),
-            timeout=cfg.connect_timeout + 1.0,
-        )
-
-
-class RabbitMQTransport(Transport):
-    """See the module docstring."""
+class RabbitMQTransport(LifecycleTransport[RabbitMQConfig]):
+    """See the module docstring (open/close/reconnecting rules: :class:`~outrelay.kit.LifecycleTransport`)."""
 
     name = "rabbitmq"
     Config = RabbitMQConfig
+    errors = ERRORS
+    #: what the conformance suite cannot certify here, and why (see outrelay.conformance.ConformanceTarget)
+    conformance_unsupported: ClassVar[Mapping[str, str]] = {
+        "throttle": "RabbitMQ throttles by blocking the connection (flow control), with no retry hint",
+        "from_beginning": "an exchange keeps nothing: a group's queues hold what arrived since its first start",
+        "late_reader": (
+            "an exchange keeps nothing: a message persists in the queues bound when it is sent, and the reader "
+            "binds its own queue when it starts (with none bound, the transport refuses it as unroutable)"
+        ),
+    }
+    #: a reader started after the send sees nothing of it (see ``conformance_unsupported["late_reader"]``)
+    conformance_late_reader_options: ClassVar[Mapping[str, Any] | None] = None
 
     def __init__(self, config: RabbitMQConfig, *, destination: str = "rabbitmq") -> None:
         super().__init__(config, destination=destination)
-        self.cfg: RabbitMQConfig = config
         self._exchange_t = Template(
             config.exchange, where=f"destinations.{destination}.exchange", segment="name", alphabet=r"A-Za-z0-9._:\-"
         )
         self._key_t = Template(config.routing_key, where=f"destinations.{destination}.routing_key", segment="subject")
         self._secrets = config.secrets()
-        self._conn: aio_pika.abc.AbstractConnection | None = None
+        self._conn: aio_pika.abc.AbstractRobustConnection | None = None
         self._channel: aio_pika.abc.AbstractChannel | None = None
         self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
         self._declare_lock = asyncio.Lock()
-        self._reopen_lock = asyncio.Lock()
-        self._state = "new"
 
     @property
     def capabilities(self) -> Capabilities:
@@ -155,27 +139,20 @@ class RabbitMQTransport(Transport):
 
     # -- lifecycle -----------------------------------------------------------
 
-    async def open(self) -> None:
-        """Connect and open a confirm channel. :raises RetryableError: broker unreachable."""
-        if self._state == "open" and self._usable():
-            return
-        was = self._state
-        await self._drop()
-        conn = await connect(self.cfg, self.destination)
-        try:
-            if was == "reconnecting" and self._state == "closed":
-                raise UsageError(f"rabbitmq transport {self.destination!r} was closed while reconnecting")
-            with mapped("cannot open a channel", self.destination, self._secrets):
-                channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
-        except BaseException:
-            await conn.close()
-            raise
-        self._conn, self._channel, self._state = conn, channel, "open"
+    async def _open(self) -> None:
+        """Connect (robust) and open a confirm channel. :raises RetryableError: broker unreachable."""
+        self._exchanges.clear()
+        self._conn = await connect_robust(
+            self.cfg, self.destination, on_lost=self.connection_lost, on_restored=self._restored
+        )
+        with mapped("cannot open a channel", self.destination, self._secrets):
+            self._channel = await self._conn.channel(publisher_confirms=True, on_return_raises=True)
 
-    def _usable(self) -> bool:
-        return not (self._conn is None or self._conn.is_closed or self._channel is None or self._channel.is_closed)
+    def _restored(self) -> None:
+        self._exchanges.clear()  # a restarted broker may have lost what was checked before
+        self.connection_restored()
 
-    async def _drop(self) -> None:
+    async def _close(self) -> None:
         conn, self._conn, self._channel = self._conn, None, None
         self._exchanges.clear()
         if conn is not None and not conn.is_closed:
@@ -184,30 +161,21 @@ class RabbitMQTransport(Transport):
             except (*VENDOR_ERRORS, RuntimeError) as exc:
                 log.debug("destination %s: close: %s", self.destination, classify(exc, self._secrets)[1])
 
-    async def close(self) -> None:
-        if self._state in ("open", "reconnecting"):
-            self._state = "closed"
-        await self._drop()
-
-    async def _ready(self) -> aio_pika.abc.AbstractChannel:
-        if self._state not in ("open", "reconnecting"):
-            raise UsageError(f"rabbitmq transport {self.destination!r} is {self._state}, not open")
-        if not self._usable():
-            # the connection or channel was lost: start over, once for all concurrent senders
-            async with self._reopen_lock:
-                if not self._usable() and self._state != "closed":
-                    self._state = "reconnecting"
-                    await self.open()
-        if self._state == "closed" or self._channel is None:
-            raise UsageError(f"rabbitmq transport {self.destination!r} was closed")
-        return self._channel
-
     # -- publishing ----------------------------------------------------------
 
-    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
-        channel = await self._ready()
+    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
+        channel = self._channel
+        assert channel is not None  # open
         try:
-            wire = await channel.get_underlay_channel()
+            # the robust channel waits for its connection: one lost after send() checked the state is restored
+            # in the background, and this send gives up (nothing started) after connect_timeout
+            wire = await asyncio.wait_for(channel.get_underlay_channel(), self.cfg.connect_timeout)
+        except TimeoutError as exc:
+            raise RetryableError(
+                f"{self.cfg.where}: the connection was lost and is not back within connect_timeout = "
+                f"{self.cfg.connect_timeout:g} s; the client is reconnecting",
+                destination=self.destination,
+            ) from exc
         except VENDOR_ERRORS as exc:
             return [result_for(exc, self._secrets, m.target) for m in batch]
         # messages are staged (encoded, with a confirm future each) and written together: one write per
@@ -307,34 +275,33 @@ class RabbitMQTransport(Transport):
                 elif self.cfg.declare_exchange:
                     found = await channel.declare_exchange(name, self.cfg.exchange_type, durable=True)
                 else:
-                    await self._passive_declare(name)
+                    await self._passive_declare(await channel.get_underlay_channel(), name)
                     found = await channel.get_exchange(name, ensure=False)
                 cache[name] = found
         return found
 
-    async def _passive_declare(self, name: str) -> None:
-        """:raises ChannelNotFoundEntity: no such exchange (only the side channel closes)."""
-        assert self._conn is not None
-        side = await self._conn.channel(publisher_confirms=False)
+    async def _passive_declare(self, wire: aiormq.abc.AbstractChannel, name: str) -> None:
+        """:raises ChannelNotFoundEntity: no such exchange. Checked on a plain aiormq side channel of
+        the same connection: the 404 closes only that one (a robust channel would be reopened)."""
+        side = await wire.connection.channel(publisher_confirms=False)
         try:
-            await side.declare_exchange(name, passive=True, timeout=self.cfg.confirm_timeout)
+            await side.exchange_declare(name, passive=True, timeout=self.cfg.confirm_timeout)
         finally:
             if not side.is_closed:
                 await side.close()
 
     # -- probes --------------------------------------------------------------
 
-    async def check(self) -> str:
+    async def _check(self) -> str:
         """Reachability, credentials/vhost, that the exchange (or default-exchange queue) exists, and
-        that the user may publish to it, proved without delivering anything: see :mod:`._check`.
+        that the user may publish to it, proved without delivering anything, on a connection of its
+        own: see :mod:`._check` (:meth:`check`, the kit's, opens the transport first).
 
         :raises RetryableError: unreachable, or a step got no answer within ``connect_timeout``.
         :raises PermanentError: credentials or vhost refused; the user may not publish to the exchange
             (the line names user, vhost, exchange and the ``rabbitmqctl`` fix); the exchange is internal;
             or it is missing and ``declare_exchange`` is off.
         """
-        from outrelay.transports.rabbitmq._check import Check
-
         probe = Event(type="outrelay.check", stream="check")
         name, routing_key = split_target(self.target(probe))
         conn = await connect(self.cfg, self.destination, name="outrelay check")
@@ -342,8 +309,6 @@ class RabbitMQTransport(Transport):
         return await check.run(conn, name, routing_key)
 
     def reader(self, target: str, **options: Any) -> Reader:
-        from outrelay.transports.rabbitmq._reader import RabbitMQReader
-
         return RabbitMQReader(self.cfg, target, destination=self.destination, **options)
 
     def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
@@ -352,8 +317,6 @@ class RabbitMQTransport(Transport):
         :raises PermanentError: the target cannot be consumed (a templated exchange, a pattern on a
             direct/headers exchange, the default exchange); the message names the option and the fix.
         """
-        from outrelay.transports.rabbitmq._subscriber import RabbitMQSubscription
-
         exchange, binding_key = subscription_target(self.cfg, spec.target, self.destination)
         return RabbitMQSubscription(
             self.cfg, spec, exchange=exchange, binding_key=binding_key, destination=self.destination

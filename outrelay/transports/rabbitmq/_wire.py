@@ -20,7 +20,10 @@ import struct
 
 from aiormq import spec
 
-__all__ = ["Properties"]
+__all__ = ["HEADER_PREFIX", "Properties"]
+
+#: the CloudEvents AMQP binding's header prefix (``cloudEvents_id``, ...)
+HEADER_PREFIX = "cloudEvents_"
 
 _SHORT = struct.Struct(">B")
 _LONG = struct.Struct(">I")

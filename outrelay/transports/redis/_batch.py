@@ -12,9 +12,11 @@ Two ways keep ``ordered_batches`` honest:
   the transport caps one call at ~4 MiB of events.
 * ``pipeline``: waves of pipelined XADDs (``transaction=False``), wave *k*
   holding the *k*-th event of every stream still in good standing. One round
-  trip per wave, so a batch with many events per stream takes several.
+  trip per wave, so a batch with many events per stream takes several; each
+  wave's outcomes are reported as they arrive, and no wave starts once the
+  send's progress refuses it (deadline near, or the relay stopping).
 
-Both write the same entries as :func:`outrelay.transports.redis._transport.encode`
+Both write the same entries as :func:`outrelay.transports.redis._wire.encode`
 (same field names, values and order). The script path never builds that
 dict: :func:`pack_chunk` turns a chunk into two arguments — a JSON header
 (written by orjson, decoded by the script with ``cjson``) and the events'
@@ -24,6 +26,7 @@ throughput, and unpacking runs in the server.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -31,11 +34,21 @@ from typing import Any
 import orjson
 from redis import exceptions as rx
 
-from outrelay.kit import STRUCTURED_CONTENT_TYPE, Delivered, Message, RetryLater, SendResult, attributes, to_structured
+from outrelay.kit import (
+    STRUCTURED_CONTENT_TYPE,
+    Delivered,
+    Message,
+    Progress,
+    RetryLater,
+    SendResult,
+    attributes,
+    deferred,
+    to_structured,
+)
 from outrelay.transports.redis._client import Client
 from outrelay.transports.redis._errors import reply_result, result_for
 
-__all__ = ["HELD", "XADD_SCRIPT", "Entry", "pack_chunk", "script_outcomes", "send_pipelined", "send_scripted"]
+__all__ = ["HELD", "XADD_SCRIPT", "Entry", "pack_chunk", "script_outcomes", "send_scripted", "send_waves"]
 
 HELD = "held back: an earlier event of this stream failed in this batch"
 
@@ -193,9 +206,8 @@ def script_outcomes(reply: Any, n: int) -> list[SendResult]:
     return out
 
 
-async def send_pipelined(client: Client, entries: Sequence[Entry]) -> list[SendResult]:
-    """Pipelined waves (see the module docstring); errors of a whole round trip propagate."""
-    results: list[SendResult | None] = [None] * len(entries)
+def _waves(entries: Sequence[Entry]) -> list[list[int]]:
+    """Indexes into ``entries``: wave *k* holds the *k*-th entry of every stream."""
     waves: list[list[int]] = []
     depth: dict[str, int] = {}
     for i, entry in enumerate(entries):
@@ -203,8 +215,26 @@ async def send_pipelined(client: Client, entries: Sequence[Entry]) -> list[SendR
         if k == len(waves):
             waves.append([])
         waves[k].append(i)
+    return waves
+
+
+async def send_waves(
+    client: Client, entries: Sequence[Entry], messages: Sequence[Message], progress: Progress
+) -> list[SendResult]:
+    """Pipelined waves (see the module docstring) of ``entries`` (those of ``messages``, in order); errors
+    of a whole round trip propagate. Each wave's outcomes are reported to ``progress`` as its replies
+    arrive, and a later wave is started only if ``progress.may_start`` allows it (expecting the last
+    wave's time), else what is left is :func:`~outrelay.kit.deferred` (NotSent)."""
+    results: list[SendResult | None] = [None] * len(entries)
+    waves = _waves(entries)
     failed: set[str] = set()
-    for wave in waves:
+    loop = asyncio.get_running_loop()
+    latency = 0.0
+    for w, wave in enumerate(waves):
+        if w and not progress.may_start(expected=latency):
+            later = deferred(progress)
+            results = [later if r is None else r for r in results]
+            break
         todo = [i for i in wave if entries[i].stream not in failed]
         for i in wave:
             if entries[i].stream in failed:
@@ -216,11 +246,13 @@ async def send_pipelined(client: Client, entries: Sequence[Entry]) -> list[SendR
             e = entries[i]
             flat = [x for pair in e.fields.items() for x in pair]
             pipe.execute_command("XADD", e.key, *e.options, "*", *flat)
+        started = loop.time()
         replies = await pipe.execute(raise_on_error=False)
+        latency = loop.time() - started
         for i, reply in zip(todo, replies, strict=True):
-            if isinstance(reply, Exception):
-                results[i] = result_for(reply)
+            result = result_for(reply) if isinstance(reply, Exception) else Delivered()
+            if not isinstance(result, Delivered):
                 failed.add(entries[i].stream)
-            else:
-                results[i] = Delivered()
+            results[i] = result
+            progress.report(messages[i], result)
     return [r if r is not None else RetryLater("no outcome recorded") for r in results]

@@ -1,4 +1,4 @@
-"""The one place where redis-py exceptions become outrelay outcomes.
+"""The one place where redis-py exceptions become outrelay outcomes: the table :data:`ERRORS`.
 
 Transient conditions (connection loss, timeouts, loading, OOM, read-only
 replica after a failover, cluster redirections and TRYAGAIN, CLUSTERDOWN, an
@@ -19,18 +19,9 @@ from contextlib import contextmanager
 from redis import exceptions as rx
 from redis.exceptions import RedisClusterException
 
-from outrelay.kit import (
-    PermanentError,
-    Rejected,
-    RetryableError,
-    RetryLater,
-    SendResult,
-    TransportError,
-    certificate_refused,
-    tls_hint,
-)
+from outrelay.kit import ErrorMap, Rule, SendResult, certificate_refused, redact, tls_hint
 
-__all__ = ["describe", "is_permanent", "map_redis_errors", "reply_result", "result_for"]
+__all__ = ["ERRORS", "describe", "is_permanent", "map_redis_errors", "reply_result", "result_for"]
 
 _TRANSIENT_PREFIXES = (
     "OOM",
@@ -67,22 +58,46 @@ def describe(exc: BaseException) -> str:
     return f"{text} ({hint})" if hint else text
 
 
+def _transient_reply(exc: BaseException) -> bool:
+    """An error reply of a condition that passes (see the module docstring)."""
+    if not isinstance(exc, rx.ResponseError):
+        return False
+    code = getattr(exc, "status_code", None)
+    return (code if isinstance(code, str) and code else str(exc)).upper().startswith(_TRANSIENT_PREFIXES)
+
+
+def _bad_call(exc: BaseException) -> bool:
+    return isinstance(exc, rx.CrossSlotTransactionError) or "same key slot" in str(exc)
+
+
+class _RedisErrors(ErrorMap):
+    """An :class:`~outrelay.kit.ErrorMap` whose messages are :func:`describe`'s (the reply's own code and
+    the fix for the ones users get wrong)."""
+
+    __slots__ = ()
+
+    def message(self, exc: BaseException, what: str = "") -> str:
+        return redact(": ".join(p for p in (what, describe(exc)) if p))
+
+
+#: every redis-py/network failure: retryable or permanent (the first matching rule wins; unknown: retry)
+ERRORS = _RedisErrors(
+    Rule(lambda e: certificate_refused(e) is not None, "reject"),
+    Rule((rx.AuthenticationError, rx.AuthorizationError, rx.NoPermissionError, rx.DataError), "reject"),
+    Rule(_transient_reply, "retry"),
+    Rule(rx.ResponseError, "reject"),  # WRONGTYPE, NOPERM, syntax, CROSSSLOT: about the command or the key
+    Rule(lambda e: isinstance(e, RedisClusterException) and _bad_call(e), "reject"),
+    Rule((rx.RedisError, RedisClusterException, OSError, TimeoutError), "retry"),  # connection, slot map rebuilt
+)
+
+
 def is_permanent(exc: BaseException) -> bool:
-    if certificate_refused(exc) is not None:
-        return True
-    if isinstance(exc, rx.AuthenticationError | rx.AuthorizationError | rx.NoPermissionError | rx.DataError):
-        return True
-    if isinstance(exc, rx.ResponseError):
-        code = getattr(exc, "status_code", None)
-        return not (code if isinstance(code, str) and code else str(exc)).upper().startswith(_TRANSIENT_PREFIXES)
-    if isinstance(exc, RedisClusterException):  # client side: a slot map being rebuilt is transient, a bad call not
-        return isinstance(exc, rx.CrossSlotTransactionError) or "same key slot" in str(exc)
-    return False
+    return ERRORS.kind(exc) == "reject"
 
 
 def result_for(exc: BaseException) -> SendResult:
     """The per-command outcome of a failed XADD in a pipeline."""
-    return Rejected(describe(exc)) if is_permanent(exc) else RetryLater(describe(exc))
+    return ERRORS.result(exc)
 
 
 def reply_result(message: str) -> SendResult:
@@ -92,13 +107,6 @@ def reply_result(message: str) -> SendResult:
 
 @contextmanager
 def map_redis_errors(what: str, destination: str) -> Iterator[None]:
-    """Re-raise redis-py/network errors as RetryableError or PermanentError."""
-    try:
+    """Re-raise redis-py/network errors as RetryableError or PermanentError (by :data:`ERRORS`)."""
+    with ERRORS.boundary(f"redis {what} failed", destination=destination):
         yield
-    except TransportError:
-        raise
-    except (rx.RedisError, RedisClusterException, OSError, TimeoutError) as exc:
-        msg = f"redis {what} failed: {describe(exc)}"
-        if is_permanent(exc):
-            raise PermanentError(msg, destination=destination) from exc
-        raise RetryableError(msg, destination=destination) from exc

@@ -13,61 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 from redis import exceptions as rx
 
-from outrelay.kit import Reader, Received, attribute_names, from_attributes, from_structured, is_structured
+from outrelay.kit import Reader, Received
 from outrelay.transports.redis._client import open_client
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._errors import map_redis_errors
+from outrelay.transports.redis._wire import decode
 
 __all__ = ["RedisReader", "decode"]
-
-
-# field name as the transport writes it (bytes from redis-py; str with decode_responses) -> (name, attribute or "")
-_FIELDS: dict[Any, tuple[str, str]] = {}
-for _name, _attr in [*attribute_names("ce_").items(), ("content-type", ""), ("data", "")]:
-    _FIELDS[_name] = _FIELDS[_name.encode()] = (_name, _attr)
-
-
-def decode(key: str, fields: Mapping[Any, Any]) -> Received:
-    """Rebuild a :class:`Received` from one stream entry (binary or structured mode).
-
-    ``headers`` holds every field but ``data`` (values decoded as UTF-8, invalid
-    bytes replaced); ``body`` the raw ``data``.
-
-    :raises EventError: the entry is not an outrelay CloudEvent.
-    :raises UnicodeDecodeError: a field name is not UTF-8.
-    """
-    headers: dict[str, str] = {}
-    attrs: dict[str, str] = {}
-    body: Any = b""
-    for k, v in fields.items():  # one pass: names and values decoded, attributes collected
-        hit = _FIELDS.get(k)
-        if hit is not None:
-            name, attr = hit
-        else:  # another spelling, an extension outrelay does not write, or a foreign field
-            name = k.decode() if isinstance(k, bytes) else str(k)
-            attr = name[3:].lower() if name[:3].lower() == "ce_" else ""
-        if name == "data":
-            body = v
-            continue
-        text = v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-        headers[name] = text
-        if attr:
-            attrs[attr] = text
-    if not isinstance(body, bytes):
-        body = str(body).encode()
-    ctype = headers.get("content-type")
-    if is_structured(ctype):
-        event = from_structured(body)
-    else:
-        if ctype and "datacontenttype" not in attrs:
-            attrs["datacontenttype"] = ctype
-        event = from_attributes(attrs, body)  # what from_binary(headers, prefix="ce_") does
-    return Received(event, key, event.stream, headers, body, ctype)
 
 
 class RedisReader(Reader):

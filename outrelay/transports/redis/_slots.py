@@ -21,11 +21,13 @@ again (nothing of theirs ran). A group whose call failed as a whole gets that
 error as every event's outcome, and its streams' events in later phases are
 held back. An error of a whole round trip propagates in the first phase
 (nothing is known to have gone out) and becomes every later event's outcome
-after it.
+after it. Each phase's outcomes are reported to the send's progress as they
+arrive, and no later phase starts once the progress refuses it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +35,17 @@ from redis import exceptions as rx
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from outrelay.kit import Delivered, Message, PermanentError, Rejected, RetryLater, SendResult, TransportError
+from outrelay.kit import (
+    Delivered,
+    Message,
+    PermanentError,
+    Progress,
+    Rejected,
+    RetryLater,
+    SendResult,
+    TransportError,
+    deferred,
+)
 from outrelay.transports.redis._batch import HELD, XADD_SCRIPT, pack_chunk, script_outcomes
 from outrelay.transports.redis._errors import map_redis_errors, result_for
 
@@ -69,26 +81,28 @@ async def send_slotted(
     head: list[str],
     where: str,
     destination: str,
+    progress: Progress,
 ) -> list[SendResult]:
-    """Append ``messages`` to a cluster with one script call per slot group (module docstring).
+    """Append ``messages`` to a cluster with one script call per slot group (module docstring). Each
+    phase's outcomes are reported to ``progress`` as its replies arrive; a later phase starts only if
+    ``progress.may_start`` allows it (else what is left is :func:`~outrelay.kit.deferred`, NotSent).
 
     :raises RetryableError: the first phase's round trip failed as a whole.
     :raises PermanentError: likewise, for a permanent reason (authentication, ACL).
     """
     results: list[SendResult | None] = [None] * len(messages)
     failed: set[str] = set()
+    loop = asyncio.get_running_loop()
+    latency = 0.0
     for p, phase in enumerate(plan(messages)):
-        groups: list[list[int]] = []
-        for group in phase:
-            todo = [i for i in group if messages[i].key not in failed]
-            for i in group:
-                if messages[i].key in failed:
-                    results[i] = RetryLater(HELD)
-            if todo:
-                groups.append(todo)
+        if p and not progress.may_start(expected=latency):
+            later = deferred(progress)
+            return [r if r is not None else later for r in results]
+        groups = _todo(messages, phase, failed, results)
         if not groups:
             continue
         calls = [pack_chunk([messages[i] for i in g], mode=mode, producer_id=producer_id, head=head) for g in groups]
+        started = loop.time()
         try:
             with map_redis_errors(f"XADD to {where}", destination):
                 replies = await _run(client, sha, calls)
@@ -97,20 +111,39 @@ async def send_slotted(
                 raise
             outcome: SendResult = Rejected(str(exc)) if isinstance(exc, PermanentError) else RetryLater(str(exc))
             return [r if r is not None else outcome for r in results]
+        latency = loop.time() - started
         for group, reply in zip(groups, replies, strict=True):
-            outcomes: list[SendResult]
-            if isinstance(reply, BaseException):
-                outcomes = [result_for(reply)] * len(group)
-            else:
-                try:
-                    outcomes = script_outcomes(reply, len(group))
-                except rx.RedisError as exc:
-                    outcomes = [result_for(exc)] * len(group)
-            for i, outcome in zip(group, outcomes, strict=True):
+            for i, outcome in zip(group, _outcomes(reply, len(group)), strict=True):
                 results[i] = outcome
+                progress.report(messages[i], outcome)
                 if not isinstance(outcome, Delivered):
                     failed.add(messages[i].key)
     return [r if r is not None else RetryLater("no outcome recorded") for r in results]
+
+
+def _todo(
+    messages: Sequence[Message], phase: list[list[int]], failed: set[str], results: list[SendResult | None]
+) -> list[list[int]]:
+    """The groups of ``phase`` without the messages of streams that failed earlier (held back in ``results``)."""
+    groups: list[list[int]] = []
+    for group in phase:
+        todo = [i for i in group if messages[i].key not in failed]
+        for i in group:
+            if messages[i].key in failed:
+                results[i] = RetryLater(HELD)
+        if todo:
+            groups.append(todo)
+    return groups
+
+
+def _outcomes(reply: Any, n: int) -> list[SendResult]:
+    """The ``n`` outcomes of one group's script call from its reply (or the error it got)."""
+    if isinstance(reply, BaseException):
+        return [result_for(reply)] * n
+    try:
+        return script_outcomes(reply, n)
+    except rx.RedisError as exc:
+        return [result_for(exc)] * n
 
 
 async def _run(client: RedisCluster, sha: str, calls: list[tuple[list[str], bytes, bytes]]) -> list[Any]:

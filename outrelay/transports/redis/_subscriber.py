@@ -3,9 +3,10 @@
 The target is one stream key: ``spec.target``, or the destination's
 ``stream`` when that is a fixed key (a template such as ``events:{category}``
 renders many keys, and Redis cannot consume a key pattern:
-:class:`~outrelay.PermanentError`). Every member opens its own connection.
+:class:`~outrelay.PermanentError` from ``RedisTransport.subscription``, which picks
+the backend). Every member opens its own connection.
 
-**Group** (:class:`RedisGroup`): ``XGROUP CREATE key group $ MKSTREAM``
+**Group** (:class:`~._group.RedisGroup`): ``XGROUP CREATE key group $ MKSTREAM``
 (``0`` with ``from_beginning``; an existing group — ``BUSYGROUP`` — resumes
 where it was) before ``start`` returns, so the position is the group's and
 survives every member. Members read with ``XREADGROUP`` and ack with
@@ -58,35 +59,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from outrelay.kit import Inbound, PermanentError, SubscriptionBackend, SubscriptionSpec, Template, UsageError
+from outrelay.kit import Inbound, SubscriptionBackend, SubscriptionSpec, UsageError
 from outrelay.transports.redis._client import Client, open_client
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._errors import map_redis_errors
 from outrelay.transports.redis._gate import ordering_key
-from outrelay.transports.redis._reader import decode
+from outrelay.transports.redis._wire import decode
 
-__all__ = ["RedisFanout", "RedisSubscriber", "subscription", "text", "to_inbound"]
-
-
-def subscription(cfg: RedisConfig, spec: SubscriptionSpec, *, destination: str) -> SubscriptionBackend:
-    """The group or fan-out backend for ``spec`` (see the module docstring).
-
-    :raises PermanentError: ``spec.target`` is empty and ``stream`` is a template.
-    """
-    key = spec.target
-    if not key:
-        if not Template(cfg.stream, where=f"destinations.{destination}.stream").is_static:
-            raise PermanentError(
-                f"destinations.{destination}.stream = {cfg.stream!r} is a template and Redis cannot consume a key "
-                "pattern: subscribe with an explicit target (one rendered key) or set a fixed stream key",
-                destination=destination,
-            )
-        key = cfg.stream
-    if spec.group is None:
-        return RedisFanout(cfg, spec, key, destination=destination)
-    from outrelay.transports.redis._group import RedisGroup
-
-    return RedisGroup(cfg, spec, key, destination=destination)
+__all__ = ["RedisFanout", "RedisSubscriber", "text", "to_inbound"]
 
 
 def text(v: Any) -> str:

@@ -39,38 +39,41 @@ unanswered: at least once, never out of order.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from redis.asyncio.cluster import RedisCluster
 
 from outrelay.kit import (
-    STRUCTURED_CONTENT_TYPE,
     Capabilities,
     Delivered,
-    Event,
+    LifecycleTransport,
     Message,
     PermanentError,
+    Progress,
     Reader,
     Rejected,
     RetryLater,
     SendResult,
+    SubscriptionBackend,
+    SubscriptionSpec,
     Template,
-    Transport,
     TransportError,
-    UsageError,
-    binary_headers,
-    to_structured,
+    current_progress,
+    deferred,
 )
-from outrelay.transports.redis._batch import HELD, XADD_SCRIPT, Entry, send_pipelined, send_scripted
+from outrelay.transports.redis._batch import HELD, XADD_SCRIPT, Entry, send_scripted, send_waves
 from outrelay.transports.redis._client import Client, connect, open_client
 from outrelay.transports.redis._config import RedisConfig
-from outrelay.transports.redis._errors import describe, map_redis_errors
+from outrelay.transports.redis._errors import ERRORS, describe, map_redis_errors
+from outrelay.transports.redis._group import RedisGroup
+from outrelay.transports.redis._reader import RedisReader
 from outrelay.transports.redis._slots import send_slotted
-
-if TYPE_CHECKING:
-    from outrelay.kit import SubscriptionBackend, SubscriptionSpec
+from outrelay.transports.redis._subscriber import RedisFanout
+from outrelay.transports.redis._wire import encode
 
 __all__ = ["RedisConfig", "RedisTransport", "connect", "encode"]
 
@@ -78,34 +81,52 @@ IDMP_VERSION = (8, 6)
 CHUNK_BYTES = 4 * 1024 * 1024  # per script call / pipeline: bounds memory and the server's time in one script
 
 
-def encode(event: Event, mode: str) -> dict[str, str | bytes]:
-    """The XADD fields of ``event`` in binary or structured mode."""
-    if mode == "structured":
-        return {"content-type": STRUCTURED_CONTENT_TYPE, "data": to_structured(event)}
-    fields: dict[str, str | bytes] = dict(binary_headers(event, "ce_"))
-    if event.content_type:
-        fields["content-type"] = event.content_type
-    fields["data"] = event.data
-    return fields
-
-
 def _version(info: dict[str, Any]) -> tuple[int, ...]:
     raw = str(info.get("redis_version", "0"))
     return tuple(int(p) for p in raw.split(".")[:3] if p.isdigit())
 
 
-class RedisTransport(Transport):
-    """See the module docstring."""
+def _chunks(batch: Sequence[Message], limit: int, results: list[SendResult | None]) -> list[list[int]]:
+    """Indexes into ``batch`` in chunks of about :data:`CHUNK_BYTES`; a message over ``limit`` bytes
+    is Rejected in ``results`` and the later ones of its stream are held back there."""
+    failed: set[str] = set()
+    chunks: list[list[int]] = [[]]
+    size = 0
+    for i, m in enumerate(batch):
+        if m.key in failed:
+            results[i] = RetryLater(HELD)
+            continue
+        n = len(m.event.data)
+        if n > limit:
+            results[i] = Rejected(f"message of {n} bytes exceeds max_message_bytes={limit}")
+            failed.add(m.key)  # its later events are held in this loop
+            continue
+        size += n + 1024
+        if size > CHUNK_BYTES and chunks[-1]:  # keep one command (and the server's script time) bounded
+            chunks.append([])
+            size = n + 1024
+        chunks[-1].append(i)
+    return chunks
+
+
+class RedisTransport(LifecycleTransport[RedisConfig]):
+    """See the module docstring (open/close rules: :class:`~outrelay.kit.LifecycleTransport`)."""
 
     name = "redis"
     Config = RedisConfig
+    errors = ERRORS
+    target_option = "stream"
+    target_segment = "key"
+    #: what the conformance suite cannot certify here, and why (see outrelay.conformance.ConformanceTarget)
+    conformance_unsupported: ClassVar[Mapping[str, str]] = {
+        "throttle": "Redis has no throttling answer (a full server refuses with OOM, no retry hint)",
+    }
+    #: the reader that sees what was appended before it started (the durability check)
+    conformance_late_reader_options: ClassVar[Mapping[str, Any] | None] = {"from_beginning": True}
 
     def __init__(self, config: RedisConfig, *, destination: str = "redis") -> None:
         super().__init__(config, destination=destination)
-        self.cfg: RedisConfig = config
-        self._template = Template(config.stream, where=f"destinations.{destination}.stream", segment="key")
         self._client: Client | None = None
-        self._state = "new"
         self.server_version: tuple[int, ...] | None = None
         self._idmp = False
         self._script: Any = None
@@ -124,64 +145,44 @@ class RedisTransport(Transport):
             subscriptions=True,
         )
 
-    def target(self, event: Event) -> str:
-        return self._template.render(event)
-
     @property
     def _where(self) -> str:
         return f"cluster {self.cfg.url}" if self.cfg.cluster else self.cfg.url
 
-    async def open(self) -> None:
-        if self._state == "open":
-            return
+    async def _open(self) -> None:
         client, info = await open_client(self.cfg, self.destination)
         self.server_version = _version(info)
         self._idmp = self.cfg.dedupe == "auto" and self.server_version >= IDMP_VERSION
         self._client = client
         self._script = client.register_script(XADD_SCRIPT) if self.cfg.batching == "script" else None
-        self._state = "open"
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         client, self._client = self._client, None
-        if self._state == "open":
-            self._state = "closed"
         if client is not None:
             with contextlib.suppress(Exception):  # closing: nothing useful to report to the caller
                 await client.aclose()
 
-    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
+    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
+        """Chunk by chunk (see :data:`CHUNK_BYTES`): each chunk's outcomes are recorded in the send's
+        progress as soon as its reply arrives, and the next chunk starts only if ``may_start`` allows
+        it (else its messages are :func:`~outrelay.kit.deferred`, NotSent)."""
         client = self._client
-        if self._state != "open" or client is None:
-            raise UsageError(f"redis transport {self.destination!r} is {self._state}, not open")
+        assert client is not None  # open
+        progress = current_progress()
         results: list[SendResult | None] = [None] * len(batch)
-        failed: set[str] = set()
-        limit = self.cfg.max_message_bytes
-        chunks: list[list[int]] = [[]]  # indexes into batch
-        size = 0
-        for i, m in enumerate(batch):
-            if m.key in failed:
-                results[i] = RetryLater(HELD)
-                continue
-            n = len(m.event.data)
-            if n > limit:
-                results[i] = Rejected(f"message of {n} bytes exceeds max_message_bytes={limit}")
-                failed.add(m.key)  # its later events are held in this loop
-                continue
-            size += n + 1024
-            if size > CHUNK_BYTES and chunks[-1]:  # keep one command (and the server's script time) bounded
-                chunks.append([])
-                size = n + 1024
-            chunks[-1].append(i)
-        failed = set()  # from here on: streams whose XADD failed (later chunks hold their events)
+        chunks = _chunks(batch, self.cfg.max_message_bytes, results)
+        progress.record(batch, results)  # refused locally: known before anything is sent
+        failed: set[str] = set()  # streams whose XADD failed: later chunks hold their events
+        loop = asyncio.get_running_loop()
+        latency = 0.0  # of the last chunk: what the next one is expected to take
         for c, chunk in enumerate(chunks):
-            todo: list[int] = []
-            for i in chunk:
-                if batch[i].key in failed:
-                    results[i] = RetryLater(HELD)
-                else:
-                    todo.append(i)
+            if c and not progress.may_start(expected=latency):
+                self._settle(batch, chunks[c:], results, deferred(progress), progress)
+                break
+            todo = self._todo(batch, chunk, failed, results)
             if not todo:
                 continue
+            started = loop.time()
             try:
                 with map_redis_errors(f"XADD to {self._where}", self.destination):
                     outcomes = await self._send_chunk(client, [batch[i] for i in todo])
@@ -189,15 +190,43 @@ class RedisTransport(Transport):
                 if c == 0:
                     raise  # nothing went out: the whole batch failed
                 outcome: SendResult = Rejected(str(exc)) if isinstance(exc, PermanentError) else RetryLater(str(exc))
-                for later in chunks[c:]:
-                    for i in later:
-                        results[i] = results[i] or outcome
+                self._settle(batch, chunks[c:], results, outcome, progress)
                 break
-            for i, outcome in zip(todo, outcomes, strict=True):
-                results[i] = outcome
-                if not isinstance(outcome, Delivered):
+            latency = loop.time() - started
+            for i, result in zip(todo, outcomes, strict=True):
+                results[i] = result
+                progress.report(batch[i], result)
+                if not isinstance(result, Delivered):
                     failed.add(batch[i].key)
         return [r if r is not None else RetryLater("no outcome recorded") for r in results]
+
+    @staticmethod
+    def _todo(
+        batch: Sequence[Message], chunk: list[int], failed: set[str], results: list[SendResult | None]
+    ) -> list[int]:
+        """The messages of ``chunk`` to send: those of a stream that failed earlier are held back."""
+        todo: list[int] = []
+        for i in chunk:
+            if batch[i].key in failed:
+                results[i] = RetryLater(HELD)
+            else:
+                todo.append(i)
+        return todo
+
+    @staticmethod
+    def _settle(
+        batch: Sequence[Message],
+        chunks: list[list[int]],
+        results: list[SendResult | None],
+        outcome: SendResult,
+        progress: Progress,
+    ) -> None:
+        """``outcome`` for every message of ``chunks`` without one yet (a chunk failed or was not started)."""
+        for chunk in chunks:
+            for i in chunk:
+                if results[i] is None:
+                    results[i] = outcome
+                    progress.report(batch[i], outcome)
 
     async def _send_chunk(self, client: Client, messages: list[Message]) -> list[SendResult]:
         """One script call (on a cluster: one per slot) or one series of pipelined waves for ``messages``."""
@@ -214,6 +243,7 @@ class RedisTransport(Transport):
                 head=head,
                 where=self._where,
                 destination=self.destination,
+                progress=current_progress(),
             )
         if self._script is not None:
             return await send_scripted(self._script, messages, mode=self.cfg.mode, producer_id=producer_id, head=head)
@@ -226,36 +256,29 @@ class RedisTransport(Transport):
             )
             for m in messages
         ]
-        return await send_pipelined(client, entries)
+        return await send_waves(client, entries, messages, current_progress())
 
-    async def check(self) -> str:
+    async def _check(self) -> str:
         """PING, server version, and for a static key: that it is a stream (or absent)
         and, where ``ACL DRYRUN`` is allowed, that this user may XADD to it."""
-        opened_here = self._state != "open"
-        await self.open()
-        assert self._client is not None
         client = self._client
-        try:
-            version = ".".join(map(str, self.server_version or ()))
-            nodes = f"{len(client.get_primaries())} primaries, " if isinstance(client, RedisCluster) else ""
-            head = f"redis {self._where} reachable ({nodes}Redis {version}, dedupe {'IDMP' if self._idmp else 'none'})"
-            if not self._template.is_static:
-                return f"{head}; keys from template {self.cfg.stream!r} are resolved at publish"
-            key = self.cfg.stream
-            with map_redis_errors(f"TYPE {key}", self.destination):
-                kind = await client.type(key)
-            kind = kind.decode() if isinstance(kind, bytes) else str(kind)
-            if kind not in ("none", "stream"):
-                raise PermanentError(
-                    f"redis key {key!r} holds a {kind}, not a stream: delete it or choose another `stream`",
-                    destination=self.destination,
-                )
-            permission = await self._dryrun(client, key)
-            return f"{head}; stream {key!r} {'exists' if kind == 'stream' else 'will be created'}; {permission}"
-        finally:
-            if opened_here:
-                await self.close()
-                self._state = "new"
+        assert client is not None  # open
+        version = ".".join(map(str, self.server_version or ()))
+        nodes = f"{len(client.get_primaries())} primaries, " if isinstance(client, RedisCluster) else ""
+        head = f"redis {self._where} reachable ({nodes}Redis {version}, dedupe {'IDMP' if self._idmp else 'none'})"
+        if self._template is not None and not self._template.is_static:  # the kit's, from target_option
+            return f"{head}; keys from template {self.cfg.stream!r} are resolved at publish"
+        key = self.cfg.stream
+        with map_redis_errors(f"TYPE {key}", self.destination):
+            kind = await client.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+        if kind not in ("none", "stream"):
+            raise PermanentError(
+                f"redis key {key!r} holds a {kind}, not a stream: delete it or choose another `stream`",
+                destination=self.destination,
+            )
+        permission = await self._dryrun(client, key)
+        return f"{head}; stream {key!r} {'exists' if kind == 'stream' else 'will be created'}; {permission}"
 
     async def _dryrun(self, client: Client, key: str) -> str:
         commands: list[tuple[str, ...]] = [("XADD", key, "*", "f", "v")]
@@ -277,18 +300,48 @@ class RedisTransport(Transport):
                 )
         return f"user {user!r} may {' and '.join(c[0] for c in commands)}"
 
+    # -- conformance runner hooks (see outrelay.conformance.runner) ------------------------------------------
+
+    async def conformance_cleanup(self) -> None:
+        """Delete the configured ``stream`` key and its consumer groups' gate lists (``<key>:gate:*``):
+        what the conformance runner's checks left on their per-check key. A template: nothing."""
+        client = self._client
+        if client is None or self._template is None or not self._template.is_static:
+            return
+        key = self.cfg.stream
+        pattern = re.sub(r"([*?\[\]\\])", r"\\\1", key) + ":gate:*"  # the key itself matched literally
+        with map_redis_errors(f"DEL {key}", self.destination):
+            doomed = [key, *[k async for k in client.scan_iter(match=pattern, count=1000)]]
+            for k in doomed:  # one key per call: on a cluster a multi-key DEL must not cross slots
+                await client.delete(k)
+
+    async def conformance_publish_foreign(self) -> None:
+        """Append an entry that is not an outrelay CloudEvent (no ``ce_*`` fields) to the configured key."""
+        client = self._client
+        assert client is not None  # the runner opens the transport first
+        with map_redis_errors(f"XADD {self.cfg.stream}", self.destination):
+            await client.xadd(self.cfg.stream, {"hello": b"world"})
+
     def reader(self, target: str, **options: Any) -> Reader:
         """A consumer-group reader of ``target`` (options: ``group``, ``consumer``, ``from_beginning``)."""
-        from outrelay.transports.redis._reader import RedisReader
-
         return RedisReader(self.cfg, target, **options)
 
     def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
-        """A consumer-group or fan-out backend of ``spec.target`` (``""``: the fixed ``stream`` key);
-        see :mod:`outrelay.transports.redis._subscriber`.
+        """A consumer-group (:class:`~._group.RedisGroup`) or fan-out (:class:`~._subscriber.RedisFanout`)
+        backend of ``spec.target`` (``""``: the fixed ``stream`` key); see :mod:`._subscriber`.
 
         :raises PermanentError: ``spec.target`` is empty and ``stream`` is a template.
         """
-        from outrelay.transports.redis._subscriber import subscription
-
-        return subscription(self.cfg, spec, destination=self.destination)
+        key = spec.target
+        if not key:
+            if not Template(self.cfg.stream, where=f"destinations.{self.destination}.stream").is_static:
+                raise PermanentError(
+                    f"destinations.{self.destination}.stream = {self.cfg.stream!r} is a template and Redis cannot "
+                    "consume a key pattern: subscribe with an explicit target (one rendered key) or set a fixed "
+                    "stream key",
+                    destination=self.destination,
+                )
+            key = self.cfg.stream
+        if spec.group is None:
+            return RedisFanout(self.cfg, spec, key, destination=self.destination)
+        return RedisGroup(self.cfg, spec, key, destination=self.destination)
