@@ -35,6 +35,7 @@ from typing import Any, Literal
 from outrelay.core.envelope import Event
 
 __all__ = [
+    "Attempt",
     "Claimed",
     "DeadLetter",
     "DestinationStatus",
@@ -59,6 +60,26 @@ class Claimed:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Attempt:
+    """One row of the delivery-attempt log (:mod:`outrelay.core.attempts`), carried by the
+    :class:`Settlement` of the attempt so the store writes it in the settle's transaction.
+
+    ``at`` is when the attempt started (Unix seconds), ``latency`` its seconds,
+    ``outcome`` one of :data:`outrelay.core.attempts.OUTCOMES`, ``error`` and
+    ``detail`` (JSON text) empty strings when there are none.
+    """
+
+    event_id: str
+    event_seq: int
+    attempt: int
+    at: float
+    outcome: str
+    latency: float
+    error: str = ""
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Settlement:
     """The outcome of one claimed delivery.
 
@@ -74,6 +95,8 @@ class Settlement:
     attempts: int = 0
     due_at: float = 0.0
     error: str | None = None
+    #: the attempt to record in the delivery-attempt log (None: the log is off, or nothing was attempted)
+    logged: Attempt | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from outrelay.core.envelope import Event
 from outrelay.core.stores.base import Claimed, Settlement
+from outrelay.core.stores.postgres_attempts import attempt_args
 from outrelay.core.stores.postgres_script import Statement, statement
 
 if TYPE_CHECKING:
@@ -65,6 +66,13 @@ class RelayMixin:
             self, cur: Cursor, destination: str, settlements: Sequence[Settlement],
             found: dict[int, tuple[int, str]], at: float,
         ) -> None: ...  # fmt: skip
+
+        # the delivery-attempt log (outrelay.core.stores.postgres_attempts)
+        attempts_on: bool
+
+        def _attempts_statement(self) -> Statement: ...
+        def _attempts_trim(self, args: dict[str, list[Any]]) -> bool: ...
+        def _log_attempts(self, cur: Cursor, destination: str, args: dict[str, list[Any]]) -> None: ...
 
     def acquire_relay(self, owner: str) -> None:
         """Register the relay (several may run; nothing is locked exclusively)."""
@@ -438,18 +446,22 @@ class RelayMixin:
             "gone_streams": [s.stream for s in gone], "now": now,
         }  # fmt: skip
 
-        if not slow and self.audit is None:  # every outcome delivered: one message (see _script)
-            kept = self._script(self._scripts()["settle"], {**args, "owner": owner})[1][0][0]
+        logged = attempt_args(settlements) if self.attempts_on else None  # the attempt log, same transaction
+        if not slow and self.audit is None and not (logged and self._attempts_trim(logged)):
+            script = self._scripts()["settle"]  # every outcome delivered: one message (see _script)
+            if logged:
+                script, args = [*script, self._attempts_statement()], {**args, **logged}
+            kept = self._script(script, {**args, "owner": owner})[1][0][0]
         else:
             kept = self._run(
-                lambda cur: self._settle_in(cur, destination, owner, settlements, slow, args), relaxed=True
+                lambda cur: self._settle_in(cur, destination, owner, settlements, slow, args, logged), relaxed=True
             )
         if kept is not None:  # a lane still has deliveries: it is due again
             self._lower_quiet(destination, float(kept))
 
     def _settle_in(
         self, cur: Cursor, destination: str, owner: str, settlements: Sequence[Settlement],
-        slow: list[Settlement], args: dict[str, Any],
+        slow: list[Settlement], args: dict[str, Any], logged: dict[str, list[Any]] | None = None,
     ) -> float | None:  # fmt: skip
         """:meth:`settle` a statement at a time (failures to record, or the audit chain on); returns
         when the earliest lane it kept pending is due (None: none kept)."""
@@ -461,6 +473,8 @@ class RelayMixin:
             (destination, args["streams"], owner),
         )
         owned = [r[0] for r in cur]  # others: lease lost, the new owner sends them again
+        if logged:  # attempts happened, whoever holds the lanes now
+            self._log_attempts(cur, destination, logged)
         if not owned:
             return None
         if slow:

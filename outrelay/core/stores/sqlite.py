@@ -25,6 +25,7 @@ from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError, StoreError, StoreLockedError
 from outrelay.core.stores.base import Claimed, Settlement, Store
 from outrelay.core.stores.lanes import SQLiteLanesMixin
+from outrelay.core.stores.sqlite_attempts import SQLiteAttemptsMixin
 from outrelay.core.stores.sqlite_audit import SQLiteAuditMixin
 from outrelay.core.stores.sqlite_history import SQLiteHistoryMixin
 from outrelay.core.stores.sqlite_ops import SQLiteOperatorMixin
@@ -88,7 +89,9 @@ _BUSY_FIRST = 0.0001  # seconds between tries of a locked database at first
 _BUSY_EAGER = 0.01  # seconds of tries every _BUSY_FIRST before backing off
 
 
-class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, SQLiteAuditMixin, Store):
+class SQLiteStore(
+    SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, SQLiteAuditMixin, SQLiteAttemptsMixin, Store
+):
     """See the module docstring. Thread-safe: one connection, one lock."""
 
     max_workers = 1
@@ -412,6 +415,8 @@ class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, SQL
         with self._tx(relaxed=True) as db:
             if self.audit is not None:  # in this transaction, before the deliveries go
                 self._audit_settled(db, destination, settlements, now)
+            if self.attempts_on:  # the delivery-attempt log, in this transaction
+                self._log_attempts(db, destination, settlements)
             for s in settlements:
                 due, parked, removed = lanes.get(s.stream, (now, False, 0))
                 if s.kind == "delivered":

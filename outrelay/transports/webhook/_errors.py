@@ -14,6 +14,7 @@ and fragment (they may carry tokens); no message quotes a secret or a header.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import time
 from collections.abc import Mapping
@@ -144,12 +145,14 @@ async def post_once(pool: ConnectionPool, url: str, headers: dict[str, str], bod
     except OSError as exc:  # connect, reset, TLS
         return RetryLater(f"cannot deliver to {safe_url(url)}: {describe(exc)}")
     status = response.status
+    answer = {"status": status, "body": response.body[:_EXCERPT].decode("utf-8", "replace")}  # the attempt log's
     if 200 <= status < 300:
-        return _DELIVERED
-    return classify(status, response.headers, url, _detail(response))
+        return Delivered(detail=answer)
+    return dataclasses.replace(classify(status, response.headers, url, _detail(response)), detail=answer)
 
 
-_DELIVERED = Delivered()
+#: bytes of an answer's body kept as the attempt's detail (the attempt log cuts it again to its own limit)
+_EXCERPT = 512
 
 
 async def probe(

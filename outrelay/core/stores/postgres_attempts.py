@@ -1,0 +1,179 @@
+"""The delivery-attempt log in the PostgreSQL outbox (see :mod:`outrelay.core.attempts`).
+
+A mixin of :class:`~outrelay.core.stores.postgres.PostgresStore`. On the
+relay's hot path (a batch settled in one message, :mod:`.postgres_script`)
+the attempts go as one more ``EXECUTE`` of that message: one ``INSERT ...
+SELECT FROM unnest(arrays)``, no extra round trip. The statement-at-a-time
+settle (failures to record, the audit chain, an event past
+``keep_per_event``) runs the same insert in its transaction. Nothing here
+runs unless ``attempts_on`` is set (``[attempts] enabled``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from outrelay.core.errors import NotFoundError
+from outrelay.core.stores.base import Settlement
+from outrelay.core.stores.postgres_ops import PostgresParts
+from outrelay.core.stores.postgres_script import Statement, statement
+from outrelay.core.stores.sqlite_attempts import _filters
+
+if TYPE_CHECKING:
+    import psycopg
+
+    Cursor = psycopg.Cursor[Any]
+
+__all__ = ["PostgresAttemptsMixin"]
+
+_COLS = "id, at, event_id, event_seq, destination, stream, attempt, outcome, latency, error, detail"
+
+#: the attempts of a settled batch, from the arrays :func:`attempt_args` builds
+_INSERT = (
+    "INSERT INTO {t} (at, event_id, event_seq, destination, stream, attempt, outcome, latency, error, detail) "
+    "SELECT a.at, a.ev, a.seq, %(dest)s, a.stream, a.n, a.out, a.lat, a.err, a.det FROM unnest("
+    "%(a_at)s::float8[], %(a_ev)s::text[], %(a_seq)s::bigint[], %(a_stream)s::text[], %(a_n)s::integer[], "
+    "%(a_out)s::text[], %(a_lat)s::float8[], %(a_err)s::text[], %(a_det)s::text[]) "
+    "a(at, ev, seq, stream, n, out, lat, err, det)"
+)
+
+
+def attempt_args(settlements: Sequence[Settlement]) -> dict[str, list[Any]] | None:
+    """The insert's array arguments for the attempts ``settlements`` carry; None when none does."""
+    logged = [(s.stream, a) for s in settlements if (a := s.logged) is not None]
+    if not logged:
+        return None
+    return {
+        "a_at": [a.at for _, a in logged], "a_ev": [a.event_id for _, a in logged],
+        "a_seq": [a.event_seq for _, a in logged], "a_stream": [s for s, _ in logged],
+        "a_n": [a.attempt for _, a in logged], "a_out": [a.outcome for _, a in logged],
+        "a_lat": [a.latency for _, a in logged], "a_err": [a.error for _, a in logged],
+        "a_det": [a.detail for _, a in logged],
+    }  # fmt: skip
+
+
+class PostgresAttemptsMixin(PostgresParts):
+    """Writes, reads and prunes ``<prefix>attempts``; ``retry_event`` for ``outrelay retry``."""
+
+    #: set by the relay when ``[attempts] enabled``: settling then records what it is given
+    attempts_on: bool = False
+    #: ``[attempts] keep_per_event``: older attempts of an (event, destination) go when a newer one is written
+    attempts_keep: int | None = None
+
+    def _attempts_statement(self) -> Statement:
+        """The insert as a statement of the settle script (built once)."""
+        built: Statement | None = getattr(self, "_attempts_stmt", None)
+        if built is None:
+            built = statement("outrelay_attempts", _INSERT.format(t=self.n.attempts))
+            self._attempts_stmt = built
+        return built
+
+    def _attempts_trim(self, args: dict[str, list[Any]]) -> bool:
+        """Whether an attempt among ``args`` is past ``keep_per_event`` (the settle then goes a
+        statement at a time, trimming first)."""
+        keep = self.attempts_keep
+        return keep is not None and any(n > keep for n in args["a_n"])
+
+    def _log_attempts(self, cur: Cursor, destination: str, args: dict[str, list[Any]]) -> None:
+        """Insert the attempts of ``args`` (:func:`attempt_args`) in the caller's transaction,
+        after trimming the events past ``keep_per_event``."""
+        keep, t = self.attempts_keep, self.n.attempts
+        if keep is not None:
+            for ev, n in zip(args["a_ev"], args["a_n"], strict=True):
+                if n > keep:
+                    cur.execute(
+                        f"DELETE FROM {t} WHERE event_id = %s AND destination = %s AND id NOT IN "
+                        f"(SELECT id FROM {t} WHERE event_id = %s AND destination = %s ORDER BY id DESC LIMIT %s)",
+                        (ev, destination, ev, destination, keep - 1),
+                    )
+        cur.execute(_INSERT.format(t=t), {**args, "dest": destination})
+
+    def attempts(
+        self,
+        *,
+        event_id: str | None = None,
+        stream: str | None = None,
+        destination: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+    ) -> list[tuple[Any, ...]]:
+        """See :meth:`SQLiteAttemptsMixin.attempts <outrelay.core.stores.sqlite_attempts.SQLiteAttemptsMixin.attempts>`."""
+        where, args = _filters(event_id, stream, destination, since, "%s")
+        sql = f"SELECT {_COLS} FROM {self.n.attempts}{where} ORDER BY id DESC LIMIT %s"
+        return [tuple(r) for r in self._q(sql, (*args, limit))]
+
+    def prune_attempts(self, older_than: float, *, batch: int = 1000) -> int:
+        """Delete up to ``batch`` of the oldest attempts logged before ``older_than``; returns the count."""
+        t = self.n.attempts
+
+        def fn(cur: Cursor) -> int:
+            cur.execute(
+                f"DELETE FROM {t} WHERE id IN (SELECT id FROM {t} ORDER BY id LIMIT %s) AND at < %s",
+                (batch, older_than),
+            )
+            return int(cur.rowcount)
+
+        return self._run(fn)
+
+    def retry_event(
+        self, event_id: str, *, destination: str | None, redeliver: bool, now: float
+    ) -> list[tuple[str, str]]:
+        """Send event ``event_id`` again now (see :func:`outrelay.core.attempts.retry_event`).
+
+        :raises NotFoundError: no such event."""
+        n = self.n
+
+        def fn(cur: Cursor) -> list[tuple[str, str]]:
+            row = cur.execute(f"SELECT seq, stream FROM {n.events} WHERE id = %s", (event_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no event with id {event_id!r} in the outbox")
+            seq, stream = int(row[0]), str(row[1])
+            dests = {r[0] for r in cur.execute(f"SELECT destination FROM {n.deliveries} WHERE event_seq = %s", (seq,))}
+            dead = cur.execute(
+                f"SELECT id, destination, state, delivery_id FROM {n.dead_letters} "
+                "WHERE event_seq = %s AND state IN ('dead', 'parked') ORDER BY id",
+                (seq,),
+            ).fetchall()
+            wanted = {d for d in dests | {r[1] for r in dead} if destination is None or d == destination}
+            if not wanted and redeliver and destination is not None:
+                wanted = {destination}
+            self._lock_lanes(cur, {(d, stream) for d in wanted})
+            out: list[tuple[str, str]] = []
+            for dest in sorted(dests & wanted):
+                lane = cur.execute(
+                    f"SELECT parked, owner FROM {n.lanes} WHERE destination = %s AND stream = %s", (dest, stream)
+                ).fetchone()
+                if lane is not None and lane[0]:
+                    continue
+                cur.execute(
+                    f"UPDATE {n.lanes} SET due_at = %s WHERE destination = %s AND stream = %s AND owner IS NULL",
+                    (now, dest, stream),
+                )
+                out.append((dest, "due now" if lane is None or lane[1] is None else "in flight"))
+            for dl_id, dest, state, delivery_id in dead:
+                if dest not in wanted:
+                    continue
+                if state == "parked":
+                    cur.execute(f"UPDATE {n.deliveries} SET attempts = 0 WHERE id = %s", (delivery_id,))
+                    cur.execute(
+                        f"UPDATE {n.lanes} SET parked = false, due_at = %s WHERE destination = %s AND stream = %s",
+                        (now, dest, stream),
+                    )
+                else:
+                    self._enqueue(cur, dest, stream, seq, now)
+                cur.execute(f"UPDATE {n.dead_letters} SET state = 'replayed' WHERE id = %s", (dl_id,))
+                out.append((dest, f"{state} letter {dl_id} queued again"))
+            if out or not redeliver:
+                return out
+            if destination is None:
+                raise NotFoundError("--redeliver needs --destination (the event is pending nowhere)")
+            self._enqueue(cur, destination, stream, seq, now)
+            return [(destination, "queued again")]
+
+        return self._run(fn)
+
+    if TYPE_CHECKING:  # provided by OperatorMixin
+
+        def _lock_lanes(self, cur: Cursor, keys: set[tuple[str, str]]) -> None: ...
+        def _enqueue(self, cur: Cursor, dest: str, stream: str, seq: int, now: float) -> None: ...
