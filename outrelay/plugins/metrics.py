@@ -195,7 +195,9 @@ class Metrics:
         )
         for (d, outcome), counts in sorted(self.attempts.items()):
             labels = f'destination="{d}",outcome="{outcome}"'
-            _histogram(out, "outrelay_attempt_seconds", labels, _LATENCY_BUCKETS, counts, self.attempts_sum[(d, outcome)])
+            _histogram(
+                out, "outrelay_attempt_seconds", labels, _LATENCY_BUCKETS, counts, self.attempts_sum[(d, outcome)]
+            )
         gauges: list[tuple[str, str, Callable[[DestinationStatus], float]]] = [
             ("outrelay_pending", "Deliveries not yet done (queue depth).", lambda s: s.pending),
             ("outrelay_dead_letters", "Dead letters waiting for an operator.", lambda s: s.dead_lettered),

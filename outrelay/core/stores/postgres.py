@@ -45,8 +45,8 @@ from outrelay.core.envelope import Event
 from outrelay.core.errors import StoreError
 from outrelay.core.stores.base import Store
 from outrelay.core.stores.lanes import PostgresLanesMixin
-from outrelay.core.stores.postgres_attempts import PostgresAttemptsMixin
 from outrelay.core.stores.postgres_append import append_async, append_sync, map_append_error
+from outrelay.core.stores.postgres_attempts import PostgresAttemptsMixin
 from outrelay.core.stores.postgres_audit import PostgresAuditMixin
 from outrelay.core.stores.postgres_history import HistoryMixin
 from outrelay.core.stores.postgres_ops import OperatorMixin

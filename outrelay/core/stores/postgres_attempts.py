@@ -98,7 +98,8 @@ class PostgresAttemptsMixin(PostgresParts):
         since: float | None = None,
         limit: int = 100,
     ) -> list[tuple[Any, ...]]:
-        """See :meth:`SQLiteAttemptsMixin.attempts <outrelay.core.stores.sqlite_attempts.SQLiteAttemptsMixin.attempts>`."""
+        """Logged attempts matching every filter given, newest first, at most ``limit`` (the
+        columns of :meth:`~outrelay.core.stores.sqlite_attempts.SQLiteAttemptsMixin.attempts`)."""
         where, args = _filters(event_id, stream, destination, since, "%s")
         sql = f"SELECT {_COLS} FROM {self.n.attempts}{where} ORDER BY id DESC LIMIT %s"
         return [tuple(r) for r in self._q(sql, (*args, limit))]

@@ -19,6 +19,7 @@ import email.utils
 import time
 from collections.abc import Mapping
 from datetime import UTC
+from typing import Any
 from urllib.parse import urlsplit
 
 from outrelay.kit import Delivered, PermanentError, Rejected, RetryableError, RetryLater, SendResult
@@ -148,7 +149,9 @@ async def post_once(pool: ConnectionPool, url: str, headers: dict[str, str], bod
     answer = {"status": status, "body": response.body[:_EXCERPT].decode("utf-8", "replace")}  # the attempt log's
     if 200 <= status < 300:
         return Delivered(detail=answer)
-    return dataclasses.replace(classify(status, response.headers, url, _detail(response)), detail=answer)
+    result: Any = classify(status, response.headers, url, _detail(response))  # RetryLater or Rejected
+    failed: SendResult = dataclasses.replace(result, detail=answer)
+    return failed
 
 
 #: bytes of an answer's body kept as the attempt's detail (the attempt log cuts it again to its own limit)
