@@ -323,11 +323,12 @@ class Relay:
         tasks += [asyncio.create_task(w.run(), name=f"outrelay-{n}") for n, w in self.workers.items()]
         if self.config.outbox.retention_days is not None or self.config.outbox.retention_per_stream is not None:
             tasks.append(asyncio.create_task(self._retention_loop(), name="outrelay-retention"))
-        if self.attempt_log is not None and self.config.attempts.keep_days is not None:
-            tasks.append(asyncio.create_task(self._attempts_retention_loop(), name="outrelay-attempts"))
         if drain:
             tasks.append(asyncio.create_task(self._drain_monitor()))
         renewer = asyncio.create_task(self._lease_loop(), name="outrelay-leases")
+        pruner = None  # the attempt log's retention: not awaited at stop (it sleeps a minute between rounds)
+        if self.attempt_log is not None and self.config.attempts.keep_days is not None:
+            pruner = asyncio.create_task(self._attempts_retention_loop(), name="outrelay-attempts")
         self.hook.outrelay_relay_started(relay=self)
         status: list[DestinationStatus] = []
         try:
@@ -344,6 +345,9 @@ class Relay:
             grace = self.config.relay.shutdown_grace
             await asyncio.gather(*(w.drain_inflight(grace, STOP_STEP) for w in self.workers.values()))
             renewer.cancel()  # after the grace: batches finishing in it keep their leases
+            if pruner is not None:
+                pruner.cancel()
+                await asyncio.gather(pruner, return_exceptions=True)
             await asyncio.gather(*(self._close_transport(w) for w in self.workers.values()))
             unsubscribe()
             unlisten()
