@@ -73,7 +73,10 @@ def _append(url: str, *events: Event) -> None:
 
 
 async def test_500_500_200_leaves_three_attempts_with_status_codes_and_latencies(
-    tmp_path: Path, outbox_url: str, receiver: WebhookReceiver, cli_here: Cli
+    tmp_path: Path,
+    outbox_url: str,
+    receiver: WebhookReceiver,
+    cli_here: Cli,  # noqa: F811
 ) -> None:
     """A receiver answering 500, 500, then 200 leaves three attempts, newest first, with their
     outcomes, status codes and latencies in `outrelay attempts --event ID --json`."""
@@ -107,7 +110,11 @@ async def test_500_500_200_leaves_three_attempts_with_status_codes_and_latencies
     assert text.returncode == 0 and text.stdout.count("status=500") == 2 and "status=200" in text.stdout
 
 
-async def test_the_off_switch_writes_nothing(tmp_path: Path, receiver: WebhookReceiver, cli_here: Cli) -> None:
+async def test_the_off_switch_writes_nothing(
+    tmp_path: Path,
+    receiver: WebhookReceiver,
+    cli_here: Cli,  # noqa: F811
+) -> None:
     """With [attempts] enabled = false nothing is recorded, and the command says why it shows none."""
     url = f"sqlite:///{tmp_path / 'outbox.db'}"
     _config(tmp_path, url, receiver.url, enabled=False)
@@ -119,7 +126,10 @@ async def test_the_off_switch_writes_nothing(tmp_path: Path, receiver: WebhookRe
 
 
 async def test_retry_sends_a_dead_lettered_event_again(
-    tmp_path: Path, outbox_url: str, receiver: WebhookReceiver, cli_here: Cli
+    tmp_path: Path,
+    outbox_url: str,
+    receiver: WebhookReceiver,
+    cli_here: Cli,  # noqa: F811
 ) -> None:
     """A rejected (dead-lettered) event is sent again by `outrelay retry --event ID`; the log shows both
     attempts. A delivered event is left alone without --redeliver (exit 2, one line)."""
@@ -147,7 +157,10 @@ async def test_retry_sends_a_dead_lettered_event_again(
 
 
 async def test_retry_makes_an_event_waiting_in_backoff_due_now(
-    tmp_path: Path, outbox_url: str, receiver: WebhookReceiver, cli_here: Cli
+    tmp_path: Path,
+    outbox_url: str,
+    receiver: WebhookReceiver,
+    cli_here: Cli,  # noqa: F811
 ) -> None:
     """An event waiting an hour in backoff is made due at once and the next run delivers it."""
     receiver.respond = lambda req: 503
@@ -165,7 +178,10 @@ async def test_retry_makes_an_event_waiting_in_backoff_due_now(
     assert [r["outcome"] for r in rows] == ["delivered", "retry"]
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, cli_here: Cli) -> None:
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path,
+    cli_here: Cli,  # noqa: F811
+) -> None:
     """A --since that is no time and an unknown --destination are usage errors, without a traceback."""
     _config(tmp_path, f"sqlite:///{tmp_path / 'outbox.db'}", "http://127.0.0.1:9/hook")
     Outbox.open(f"sqlite:///{tmp_path / 'outbox.db'}").close()
@@ -178,14 +194,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, cli_here: Cli) -> None
 # -- the store side: retention ----------------------------------------------------------------------
 
 
-def _settle_attempts(store: Store, n_events: int, attempts_each: int, at: float, stream: str = "s") -> list[str]:
+def _settle_attempts(db: Store, n_events: int, attempts_each: int, at: float, stream: str = "s") -> list[str]:
     """Append ``n_events`` events, then log ``attempts_each`` retried attempts of each (the last one delivered)."""
-    events = store.append([Event(type="t", stream=f"{stream}{i}", data={}) for i in range(n_events)])
-    store.route(lambda e: ["d"], 1000, at)
+    events = db.append([Event(type="t", stream=f"{stream}{i}", data={}) for i in range(n_events)])
+    db.route(lambda e: ["d"], 1000, at)
     for k in range(1, attempts_each + 1):
-        claimed = store.claim("d", limit=100, per_lane=1, owner="o", lease_seconds=60, now=at + 10 * k)
+        claimed = db.claim("d", limit=100, per_lane=1, owner="o", lease_seconds=60, now=at + 10 * k)
         last = k == attempts_each
-        store.settle(
+        db.settle(
             "d",
             "o",
             [
@@ -201,7 +217,9 @@ def _settle_attempts(store: Store, n_events: int, attempts_each: int, at: float,
     return [e.id for e in events]
 
 
-def test_retention_by_age_removes_old_attempts_and_nothing_else(store: Store) -> None:
+def test_retention_by_age_removes_old_attempts_and_nothing_else(
+    store: Store,  # noqa: F811
+) -> None:
     """prune_attempts deletes the attempts logged before the cutoff, in batches, and keeps the rest."""
     store.attempts_on = True  # type: ignore[attr-defined]
     old = _settle_attempts(store, 3, 2, T0, "old")  # attempts at T0+10 and T0+20
@@ -216,7 +234,9 @@ def test_retention_by_age_removes_old_attempts_and_nothing_else(store: Store) ->
     assert sorted(r[2] for r in store.attempts(limit=100)) == sorted(new)  # type: ignore[attr-defined]
 
 
-def test_retention_by_count_keeps_the_newest_per_event(store: Store) -> None:
+def test_retention_by_count_keeps_the_newest_per_event(
+    store: Store,  # noqa: F811
+) -> None:
     """With keep_per_event = 3, an event attempted 5 times keeps its last 3; other events keep theirs."""
     store.attempts_on = True  # type: ignore[attr-defined]
     store.attempts_keep = 3  # type: ignore[attr-defined]
@@ -228,7 +248,9 @@ def test_retention_by_count_keeps_the_newest_per_event(store: Store) -> None:
         assert [r[6] for r in store.attempts(event_id=event_id, limit=100)] == [2, 1]  # type: ignore[attr-defined]
 
 
-def test_the_store_writes_nothing_when_off(store: Store) -> None:
+def test_the_store_writes_nothing_when_off(
+    store: Store,  # noqa: F811
+) -> None:
     """attempts_on unset (the log off): settlements carrying attempts leave no row."""
     _settle_attempts(store, 2, 2, T0)
     assert store.attempts(limit=100) == []  # type: ignore[attr-defined]
@@ -237,7 +259,9 @@ def test_the_store_writes_nothing_when_off(store: Store) -> None:
 # -- the relay side: which results become which rows -------------------------------------------------
 
 
-def test_mark_maps_results_to_outcomes_and_skips_what_was_not_sent(store: Store) -> None:
+def test_mark_maps_results_to_outcomes_and_skips_what_was_not_sent(
+    store: Store,  # noqa: F811
+) -> None:
     """Delivered, retry, rejected and exhausted map to their outcomes; a NotSent message has no row;
     a mapping detail is JSON with its strings cut to detail_bytes."""
     events = store.append([Event(type="t", stream=f"s{i}", data={}) for i in range(5)])
@@ -253,7 +277,8 @@ def test_mark_maps_results_to_outcomes_and_skips_what_was_not_sent(store: Store)
     ]
     kinds = ["delivered", "retry", "dead", "dead", "hold"]
     settlements = [
-        Settlement(c.delivery_id, c.event.stream, k, 1 if k != "delivered" else 0) for c, k in zip(claimed, kinds)
+        Settlement(c.delivery_id, c.event.stream, k, 1 if k != "delivered" else 0)
+        for c, k in zip(claimed, kinds, strict=True)
     ]
     marked = AttemptLog(AttemptsConfig(detail_bytes=10)).mark(claimed, results, settlements, T0, 0.25)
     logged = [s.logged for s in marked]
