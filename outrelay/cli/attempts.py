@@ -1,4 +1,5 @@
-"""``outrelay attempts`` (the delivery-attempt log) and ``outrelay retry --event ID``."""
+"""``outrelay attempts`` (the delivery-attempt log) and ``outrelay retry --event ID`` (its ``--event`` half;
+the command itself is in :mod:`.status`)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from pathlib import Path
 import orjson
 import typer
 
-from outrelay.cli._common import ConfigOption, console, load, mask, secrets_of
+from outrelay.cli._common import ConfigOption, console, err_console, error_line, load, mask, secrets_of
 from outrelay.cli._validate import open_existing
 from outrelay.core import attempts as log
+from outrelay.core.config import OutrelayConfig
 from outrelay.core.errors import ConfigError, NotFoundError
 
-__all__ = ["register"]
+__all__ = ["register", "retry_event"]
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -83,38 +85,33 @@ def attempts(
         )
 
 
-def retry(
-    event: str = typer.Option(..., "--event", "-e", help="The event to send again now (its id)."),
-    destination: str | None = typer.Option(
-        None, "--destination", "-d", help="Only to this destination (default: wherever it is not delivered)."
-    ),
-    redeliver: bool = typer.Option(
-        False, "--redeliver", help="Also queue it again when --destination already has it delivered."
-    ),
-    config: Path | None = ConfigOption,
-) -> None:
-    """Send one event again now: a delivery waiting in backoff becomes due at once, a dead-lettered
-    (or parked) one is queued again. An event already delivered is re-sent only with --redeliver
-    and --destination. A running relay picks it up within its poll interval."""
-    cfg = load(config)
+def retry_event(cfg: OutrelayConfig, event: str, destination: str | None, redeliver: bool) -> None:
+    """``outrelay retry --event ID``: send one event again now (see :func:`outrelay.core.attempts.retry_event`).
+    An unknown event or destination exits 2; nothing to do (delivered already) exits 1, one line each."""
     if destination is not None and destination not in cfg.destinations:
         known = ", ".join(sorted(cfg.destinations)) or "none"
-        raise ConfigError(f"--destination {destination!r} is not configured (configured: {known})")
+        raise ConfigError(f"unknown destination {destination!r}; configured: {known}")
+    if redeliver and destination is None:
+        raise ConfigError("--redeliver needs --destination (where to deliver the event again)")
     with open_existing(cfg) as outbox:
         try:
             done = log.retry_event(outbox.store, event, destination=destination, redeliver=redeliver, now=time.time())
         except NotFoundError as exc:
             raise ConfigError(str(exc)) from None
     if not done:
-        where = f" to {destination}" if destination else ""
-        raise ConfigError(
-            f"event {event} is not waiting or dead-lettered{where} (delivered?); "
-            "add --redeliver --destination D to send it again anyway"
+        where = f" at {destination}" if destination else ""
+        err_console.print(
+            error_line(
+                f"event {event} waits for nothing{where} (delivered?); "
+                "--redeliver --destination D sends it again anyway"
+            ),
+            markup=False,
+            soft_wrap=True,
         )
+        raise typer.Exit(1)
     for dest, what in done:
-        console.print(f"{dest}: event {event} {what}", markup=False, soft_wrap=True)
+        console.print(f"{dest}: event {event} {what} (a running relay sends it at its next poll)", markup=False)
 
 
 def register(app: typer.Typer) -> None:
     app.command("attempts")(attempts)
-    app.command("retry")(retry)

@@ -147,7 +147,7 @@ async def test_retry_sends_a_dead_lettered_event_again(
     assert [(r["outcome"], r["detail"]["status"]) for r in rows] == [("delivered", 204), ("rejected", 400)]
 
     again = cli_here("retry", "--event", e.id)
-    assert again.returncode == 2 and "--redeliver" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    assert again.returncode == 1 and "--redeliver" in again.stderr and len(again.stderr.strip().splitlines()) == 1
     forced = cli_here("retry", "--event", e.id, "--redeliver", "--destination", "hooks")
     assert forced.returncode == 0 and "queued again" in forced.stdout
     await _drain(tmp_path / "outrelay.toml")
@@ -188,7 +188,10 @@ def test_bad_input_is_one_line_and_exit_2(
     bad = cli_here("attempts", "--since", "yesterday")
     assert bad.returncode == 2 and "--since 'yesterday'" in bad.stderr and "Traceback" not in bad.stderr
     dest = cli_here("retry", "--event", "x", "--destination", "nope")
-    assert dest.returncode == 2 and "not configured" in dest.stderr
+    assert dest.returncode == 2 and "unknown destination 'nope'" in dest.stderr
+    neither = cli_here("retry")
+    assert neither.returncode == 2 and "--event ID" in neither.stderr
+    assert cli_here("retry", "--event", "x", "--redeliver").returncode == 2
 
 
 # -- the store side: retention ----------------------------------------------------------------------
