@@ -43,7 +43,7 @@ import orjson
 
 from outrelay.core.config import AttemptsConfig
 from outrelay.core.errors import StoreError
-from outrelay.core.stores.base import Attempt, Claimed, Settlement
+from outrelay.core.stores.base import Claimed, Settlement
 from outrelay.core.transport import Detail, NotSent, Rejected, SendResult
 
 __all__ = ["OUTCOMES", "AttemptLog", "AttemptStore", "encode_detail", "read", "retry_event"]
@@ -100,6 +100,7 @@ class AttemptLog:
 
     def mark(
         self,
+        destination: str,
         claimed: Sequence[Claimed],
         results: Sequence[SendResult],
         settlements: Sequence[Settlement],
@@ -111,26 +112,28 @@ class AttemptLog:
         limit = self.config.detail_bytes
         out: list[Settlement] = []
         for c, r, s in zip(claimed, results, settlements, strict=True):
+            kind = s.kind
+            if kind == "delivered":  # most: no error, the attempt number from the claim
+                detail = r.detail  # type: ignore[attr-defined]
+                row = (at, c.event.id, c.event.sequence or 0, destination, s.stream, c.attempts + 1, "delivered",
+                       latency, "", "" if detail is None else encode_detail(detail, limit))  # fmt: skip
+                out.append(Settlement(s.delivery_id, s.stream, kind, s.attempts, s.due_at, s.error, row))
+                continue
             if isinstance(r, NotSent):
                 out.append(s)
                 continue
-            kind = s.kind
-            if kind == "delivered":
-                outcome, number, error = "delivered", c.attempts + 1, ""
-            elif kind == "hold":
-                outcome, number, error = "hold", c.attempts + 1, _error(r)
+            if kind == "hold":
+                outcome, number = "hold", c.attempts + 1
             elif isinstance(r, Rejected):
-                outcome, number, error = "rejected", s.attempts, _error(r)
+                outcome, number = "rejected", s.attempts
             elif kind == "retry":
-                outcome, number, error = "retry", s.attempts, _error(r)
+                outcome, number = "retry", s.attempts
             else:
-                outcome = "parked" if kind == "park" else "dead-lettered"
-                number, error = s.attempts, _error(r)
-            seq = c.event.sequence or 0
-            record = Attempt(
-                c.event.id, seq, number, at, outcome, latency, error, encode_detail(getattr(r, "detail", None), limit)
-            )
-            out.append(dataclasses.replace(s, logged=record))
+                outcome, number = ("parked" if kind == "park" else "dead-lettered"), s.attempts
+            detail = encode_detail(getattr(r, "detail", None), limit)
+            row = (at, c.event.id, c.event.sequence or 0, destination, s.stream, number, outcome, latency, _error(r),
+                   detail)  # fmt: skip
+            out.append(dataclasses.replace(s, logged=row))
         return out
 
 

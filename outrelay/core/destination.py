@@ -342,7 +342,7 @@ class DestinationWorker:
             planned = results if self.breaker is None else self.breaker.outcomes(results, probe=probe, now=now)
             settlements, disable = self._plan(claimed, planned, now)
             if self.relay.attempt_log is not None:  # the attempt log, written by the settle below
-                settlements = self.relay.attempt_log.mark(claimed, results, settlements, sent_at, elapsed)
+                settlements = self.relay.attempt_log.mark(self.name, claimed, results, settlements, sent_at, elapsed)
             if disable is not None:  # stop claiming before the settle below releases the lanes
                 self.disabled = disable
                 self._disable_version += 1

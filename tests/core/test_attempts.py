@@ -14,7 +14,7 @@ import pytest
 from outrelay import Event, Outbox, Relay
 from outrelay.core.attempts import AttemptLog, encode_detail
 from outrelay.core.config import AttemptsConfig
-from outrelay.core.stores.base import Attempt, Settlement, Store
+from outrelay.core.stores.base import Settlement, Store
 from outrelay.core.transport import Delivered, NotSent, Rejected, RetryLater
 from outrelay.transports.webhook.receiver import WebhookReceiver
 from tests.cli.conftest import Cli, cli_here  # noqa: F401 - fixture
@@ -211,7 +211,8 @@ def _settle_attempts(db: Store, n_events: int, attempts_each: int, at: float, st
                 Settlement(
                     c.delivery_id, c.event.stream, "delivered" if last else "retry", k, at + 10 * k + 1,
                     None if last else "503",
-                    Attempt(c.event.id, c.event.sequence or 0, k, at + 10 * k, "delivered" if last else "retry", 0.01),
+                    (at + 10 * k, c.event.id, c.event.sequence or 0, "d", c.event.stream, k,
+                     "delivered" if last else "retry", 0.01, "" if last else "503", ""),
                 )
                 for c in claimed
             ],
@@ -283,11 +284,11 @@ def test_mark_maps_results_to_outcomes_and_skips_what_was_not_sent(
         Settlement(c.delivery_id, c.event.stream, k, 1 if k != "delivered" else 0)
         for c, k in zip(claimed, kinds, strict=True)
     ]
-    marked = AttemptLog(AttemptsConfig(detail_bytes=10)).mark(claimed, results, settlements, T0, 0.25)
+    marked = AttemptLog(AttemptsConfig(detail_bytes=10)).mark("d", claimed, results, settlements, T0, 0.25)
     logged = [s.logged for s in marked]
-    assert [a.outcome if a else None for a in logged] == ["delivered", "retry", "rejected", "dead-lettered", None]
-    first = logged[0]
-    assert first is not None and json.loads(first.detail) == {"status": 200, "body": "x" * 10}
-    assert first.attempt == 1 and first.latency == 0.25 and first.at == T0
-    assert logged[2] is not None and logged[2].detail == "bad request"[:10]
+    assert [a[6] if a else None for a in logged] == ["delivered", "retry", "rejected", "dead-lettered", None]
+    first = logged[0]  # (at, event_id, event_seq, destination, stream, attempt, outcome, latency, error, detail)
+    assert first is not None and json.loads(first[9]) == {"status": 200, "body": "x" * 10}
+    assert first[5] == 1 and first[7] == 0.25 and first[0] == T0 and first[1] == events[0].id and first[8] == ""
+    assert logged[2] is not None and logged[2][9] == "bad request"[:10] and logged[2][8] == "400"
     assert encode_detail(None, 5) == "" and time.time() > 0

@@ -59,24 +59,11 @@ class Claimed:
     first_attempt_at: float | None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Attempt:
-    """One row of the delivery-attempt log (:mod:`outrelay.core.attempts`), carried by the
-    :class:`Settlement` of the attempt so the store writes it in the settle's transaction.
-
-    ``at`` is when the attempt started (Unix seconds), ``latency`` its seconds,
-    ``outcome`` one of :data:`outrelay.core.attempts.OUTCOMES`, ``error`` and
-    ``detail`` (JSON text) empty strings when there are none.
-    """
-
-    event_id: str
-    event_seq: int
-    attempt: int
-    at: float
-    outcome: str
-    latency: float
-    error: str = ""
-    detail: str = ""
+#: one row of the delivery-attempt log (:mod:`outrelay.core.attempts`), in column order: ``at`` (the attempt's
+#: start, Unix seconds), ``event_id``, ``event_seq``, ``destination``, ``stream``, ``attempt`` (its number),
+#: ``outcome`` (one of :data:`outrelay.core.attempts.OUTCOMES`), ``latency`` (seconds), ``error`` and
+#: ``detail`` (JSON text; both "" when there are none). A plain tuple: one is built per event attempted.
+Attempt = tuple[float, str, int, str, str, int, str, float, str, str]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,7 +82,8 @@ class Settlement:
     attempts: int = 0
     due_at: float = 0.0
     error: str | None = None
-    #: the attempt to record in the delivery-attempt log (None: the log is off, or nothing was attempted)
+    #: the attempt to record in the delivery-attempt log, written in the settle's transaction
+    #: (None: the log is off, or nothing was attempted)
     logged: Attempt | None = None
 
 

@@ -29,27 +29,32 @@ __all__ = ["PostgresAttemptsMixin"]
 
 _COLS = "id, at, event_id, event_seq, destination, stream, attempt, outcome, latency, error, detail"
 
-#: the attempts of a settled batch, from the arrays :func:`attempt_args` builds
+#: the attempts of a settled batch, from :func:`attempt_args`: ``at`` and ``latency`` are the batch's;
+#: an empty ``a_out`` / ``a_err`` / ``a_det`` array means every row's is 'delivered' / '' / ''
+#: (unnest pads a shorter array with NULLs), which spares quoting a thousand equal values
 _INSERT = (
     "INSERT INTO {t} (at, event_id, event_seq, destination, stream, attempt, outcome, latency, error, detail) "
-    "SELECT a.at, a.ev, a.seq, %(dest)s, a.stream, a.n, a.out, a.lat, a.err, a.det FROM unnest("
-    "%(a_at)s::float8[], %(a_ev)s::text[], %(a_seq)s::bigint[], %(a_stream)s::text[], %(a_n)s::integer[], "
-    "%(a_out)s::text[], %(a_lat)s::float8[], %(a_err)s::text[], %(a_det)s::text[]) "
-    "a(at, ev, seq, stream, n, out, lat, err, det)"
+    "SELECT %(a_at)s, a.ev, a.seq, %(dest)s, a.stream, a.n, COALESCE(a.out, 'delivered'), %(a_lat)s, "
+    "COALESCE(a.err, ''), COALESCE(a.det, '') FROM unnest("
+    "%(a_ev)s::text[], %(a_seq)s::bigint[], %(a_stream)s::text[], %(a_n)s::integer[], "
+    "%(a_out)s::text[], %(a_err)s::text[], %(a_det)s::text[]) a(ev, seq, stream, n, out, err, det) "
+    "WHERE a.ev IS NOT NULL"
 )
 
 
-def attempt_args(settlements: Sequence[Settlement]) -> dict[str, list[Any]] | None:
-    """The insert's array arguments for the attempts ``settlements`` carry; None when none does."""
-    logged = [(s.stream, a) for s in settlements if (a := s.logged) is not None]
-    if not logged:
+def attempt_args(settlements: Sequence[Settlement]) -> dict[str, Any] | None:
+    """The insert's arguments for the attempts ``settlements`` carry; None when none does."""
+    rows = [a for s in settlements if (a := s.logged) is not None]
+    if not rows:
         return None
+    out = [r[6] for r in rows]
+    err = [r[8] for r in rows]
+    det = [r[9] for r in rows]
     return {
-        "a_at": [a.at for _, a in logged], "a_ev": [a.event_id for _, a in logged],
-        "a_seq": [a.event_seq for _, a in logged], "a_stream": [s for s, _ in logged],
-        "a_n": [a.attempt for _, a in logged], "a_out": [a.outcome for _, a in logged],
-        "a_lat": [a.latency for _, a in logged], "a_err": [a.error for _, a in logged],
-        "a_det": [a.detail for _, a in logged],
+        "a_at": rows[0][0], "a_lat": rows[0][7], "a_ev": [r[1] for r in rows], "a_seq": [r[2] for r in rows],
+        "a_stream": [r[4] for r in rows], "a_n": [r[5] for r in rows],
+        "a_out": out if any(o != "delivered" for o in out) else [],
+        "a_err": err if any(err) else [], "a_det": det if any(det) else [],
     }  # fmt: skip
 
 
@@ -69,23 +74,23 @@ class PostgresAttemptsMixin(PostgresParts):
             self._attempts_stmt = built
         return built
 
-    def _attempts_trim(self, args: dict[str, list[Any]]) -> bool:
+    def _attempts_trim(self, args: dict[str, Any]) -> bool:
         """Whether an attempt among ``args`` is past ``keep_per_event`` (the settle then goes a
         statement at a time, trimming first)."""
         keep = self.attempts_keep
         return keep is not None and any(n > keep for n in args["a_n"])
 
-    def _log_attempts(self, cur: Cursor, destination: str, args: dict[str, list[Any]]) -> None:
+    def _log_attempts(self, cur: Cursor, destination: str, args: dict[str, Any]) -> None:
         """Insert the attempts of ``args`` (:func:`attempt_args`) in the caller's transaction,
         after trimming the events past ``keep_per_event``."""
         keep, t = self.attempts_keep, self.n.attempts
         if keep is not None:
-            for ev, n in zip(args["a_ev"], args["a_n"], strict=True):
+            for seq, n in zip(args["a_seq"], args["a_n"], strict=True):
                 if n > keep:
                     cur.execute(
-                        f"DELETE FROM {t} WHERE event_id = %s AND destination = %s AND id NOT IN "
-                        f"(SELECT id FROM {t} WHERE event_id = %s AND destination = %s ORDER BY id DESC LIMIT %s)",
-                        (ev, destination, ev, destination, keep - 1),
+                        f"DELETE FROM {t} WHERE event_seq = %s AND destination = %s AND id NOT IN "
+                        f"(SELECT id FROM {t} WHERE event_seq = %s AND destination = %s ORDER BY id DESC LIMIT %s)",
+                        (seq, destination, seq, destination, keep - 1),
                     )
         cur.execute(_INSERT.format(t=t), {**args, "dest": destination})
 
@@ -100,7 +105,11 @@ class PostgresAttemptsMixin(PostgresParts):
     ) -> list[tuple[Any, ...]]:
         """Logged attempts matching every filter given, newest first, at most ``limit`` (the
         columns of :meth:`~outrelay.core.stores.sqlite_attempts.SQLiteAttemptsMixin.attempts`)."""
-        where, args = _filters(event_id, stream, destination, since, "%s")
+        seq = None
+        if event_id is not None:  # by the indexed sequence; an event pruned from the log: by id (a scan)
+            found = self._q(f"SELECT seq FROM {self.n.events} WHERE id = %s", (event_id,))
+            seq = int(found[0][0]) if found else None
+        where, args = _filters(event_id, stream, destination, since, "%s", seq=seq)
         sql = f"SELECT {_COLS} FROM {self.n.attempts}{where} ORDER BY id DESC LIMIT %s"
         return [tuple(r) for r in self._q(sql, (*args, limit))]
 

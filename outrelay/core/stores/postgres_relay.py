@@ -71,8 +71,8 @@ class RelayMixin:
         attempts_on: bool
 
         def _attempts_statement(self) -> Statement: ...
-        def _attempts_trim(self, args: dict[str, list[Any]]) -> bool: ...
-        def _log_attempts(self, cur: Cursor, destination: str, args: dict[str, list[Any]]) -> None: ...
+        def _attempts_trim(self, args: dict[str, Any]) -> bool: ...
+        def _log_attempts(self, cur: Cursor, destination: str, args: dict[str, Any]) -> None: ...
 
     def acquire_relay(self, owner: str) -> None:
         """Register the relay (several may run; nothing is locked exclusively)."""
@@ -461,7 +461,7 @@ class RelayMixin:
 
     def _settle_in(
         self, cur: Cursor, destination: str, owner: str, settlements: Sequence[Settlement],
-        slow: list[Settlement], args: dict[str, Any], logged: dict[str, list[Any]] | None = None,
+        slow: list[Settlement], args: dict[str, Any], logged: dict[str, Any] | None = None,
     ) -> float | None:  # fmt: skip
         """:meth:`settle` a statement at a time (failures to record, or the audit chain on); returns
         when the earliest lane it kept pending is due (None: none kept)."""

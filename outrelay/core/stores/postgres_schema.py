@@ -185,7 +185,7 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 error text NOT NULL DEFAULT '',
                 detail text NOT NULL DEFAULT ''
             ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.05)""",
-            'CREATE INDEX "{p}attempts_event" ON {schema}."{p}attempts" (event_id, id)',
+            'CREATE INDEX "{p}attempts_event" ON {schema}."{p}attempts" (event_seq, id)',
         ),
     ),
 )

@@ -4,8 +4,10 @@ A mixin of :class:`~outrelay.core.stores.sqlite.SQLiteStore`. The relay's
 settle writes a batch's attempts with one ``executemany`` inside its own
 transaction (:meth:`SQLiteAttemptsMixin._log_attempts`); nothing here runs
 unless ``attempts_on`` is set (``[attempts] enabled``). Reads page newest
-first by ``id``; an ``--event`` read uses the index on ``(event_id, id)``,
-the others scan from the newest row (the table is bounded by retention).
+first by ``id``; an ``--event`` read uses the index on ``(event_seq, id)``
+(the sequence found from the event's id; an event pruned from history is
+matched by id, a scan), the others scan from the newest row (the table is
+bounded by retention).
 """
 
 from __future__ import annotations
@@ -33,22 +35,18 @@ class SQLiteAttemptsMixin(SQLiteParts):
 
     def _log_attempts(self, db: sqlite3.Connection, destination: str, settlements: Sequence[Settlement]) -> None:
         """Insert the attempts ``settlements`` carry (in the caller's transaction)."""
-        rows = [
-            (a.at, a.event_id, a.event_seq, destination, s.stream, a.attempt, a.outcome, a.latency, a.error, a.detail)
-            for s in settlements
-            if (a := s.logged) is not None
-        ]
+        rows = [a for s in settlements if (a := s.logged) is not None]
         if not rows:
             return
         keep = self.attempts_keep
         if keep is not None:  # only an event past keep attempts can have too many (replays aside)
             for r in rows:
-                if r[5] > keep:
+                if r[5] > keep:  # (at, event_id, event_seq, destination, stream, attempt, ...)
                     db.execute(
-                        "DELETE FROM outrelay_attempts WHERE event_id = ? AND destination = ? AND id NOT IN "
-                        "(SELECT id FROM outrelay_attempts WHERE event_id = ? AND destination = ? "
+                        "DELETE FROM outrelay_attempts WHERE event_seq = ? AND destination = ? AND id NOT IN "
+                        "(SELECT id FROM outrelay_attempts WHERE event_seq = ? AND destination = ? "
                         "ORDER BY id DESC LIMIT ?)",
-                        (r[1], destination, r[1], destination, keep - 1),
+                        (r[2], destination, r[2], destination, keep - 1),
                     )
         db.executemany(
             "INSERT INTO outrelay_attempts (at, event_id, event_seq, destination, stream, attempt, outcome, "
@@ -67,7 +65,11 @@ class SQLiteAttemptsMixin(SQLiteParts):
     ) -> list[tuple[Any, ...]]:
         """Logged attempts matching every filter given, newest first, at most ``limit``: rows
         of ``id, at, event_id, event_seq, destination, stream, attempt, outcome, latency, error, detail``."""
-        where, args = _filters(event_id, stream, destination, since)
+        seq = None
+        if event_id is not None:  # by the indexed sequence; an event pruned from the log: by id (a scan)
+            found = self._q("SELECT seq FROM outrelay_events WHERE id = ?", (event_id,))
+            seq = int(found[0][0]) if found else None
+        where, args = _filters(event_id, stream, destination, since, seq=seq)
         sql = f"SELECT {_COLS} FROM outrelay_attempts{where} ORDER BY id DESC LIMIT ?"
         return [tuple(r) for r in self._q(sql, (*args, limit))]
 
@@ -141,12 +143,20 @@ class SQLiteAttemptsMixin(SQLiteParts):
 
 
 def _filters(
-    event_id: str | None, stream: str | None, destination: str | None, since: float | None, mark: str = "?"
+    event_id: str | None,
+    stream: str | None,
+    destination: str | None,
+    since: float | None,
+    mark: str = "?",
+    *,
+    seq: int | None = None,
 ) -> tuple[str, list[Any]]:
-    """The WHERE clause (with a leading space, or empty) and its arguments."""
+    """The WHERE clause (with a leading space, or empty) and its arguments; ``seq``: the event's
+    sequence, which the index covers (``event_id`` is then matched too)."""
     parts: list[str] = []
     args: list[Any] = []
-    for column, value in (("event_id", event_id), ("stream", stream), ("destination", destination)):
+    columns = (("event_seq", seq), ("event_id", event_id), ("stream", stream), ("destination", destination))
+    for column, value in columns:
         if value is not None:
             parts.append(f"{column} = {mark}")
             args.append(value)

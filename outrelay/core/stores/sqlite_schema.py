@@ -113,6 +113,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             error TEXT NOT NULL DEFAULT '',
             detail TEXT NOT NULL DEFAULT ''
         )""",
-        "CREATE INDEX outrelay_attempts_event ON outrelay_attempts (event_id, id)",
+        "CREATE INDEX outrelay_attempts_event ON outrelay_attempts (event_seq, id)",
     ),
 )
