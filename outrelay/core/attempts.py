@@ -35,7 +35,6 @@ rows of that event and destination beyond the newest ``keep_per_event``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -43,7 +42,7 @@ import orjson
 
 from outrelay.core.config import AttemptsConfig
 from outrelay.core.errors import StoreError
-from outrelay.core.stores.base import Claimed, Settlement
+from outrelay.core.stores.base import Attempt, Claimed, Settlement
 from outrelay.core.transport import Detail, NotSent, Rejected, SendResult
 
 __all__ = ["OUTCOMES", "AttemptLog", "AttemptStore", "encode_detail", "read", "retry_event"]
@@ -59,7 +58,6 @@ _FIELDS = ("id", "at", "event_id", "event_seq", "destination", "stream", "attemp
 class AttemptStore(Protocol):
     """What a store offers for the log (the SQLite and PostgreSQL stores do)."""
 
-    attempts_on: bool
     attempts_keep: int | None
 
     def attempts(
@@ -106,21 +104,21 @@ class AttemptLog:
         settlements: Sequence[Settlement],
         at: float,
         latency: float,
-    ) -> list[Settlement]:
-        """``settlements`` (one per claimed delivery, in order) each carrying its attempt, except
-        for the messages the transport did not attempt (``results`` NotSent)."""
+    ) -> list[Attempt]:
+        """The attempt-log rows of a settled batch (``settlements``: one per claimed delivery, in
+        order), for :meth:`Store.settle`; none for a message the transport did not attempt
+        (``results`` NotSent)."""
         limit = self.config.detail_bytes
-        out: list[Settlement] = []
+        out: list[Attempt] = []
         for c, r, s in zip(claimed, results, settlements, strict=True):
             kind = s.kind
             if kind == "delivered":  # most: no error, the attempt number from the claim
                 detail = r.detail  # type: ignore[attr-defined]
-                row = (at, c.event.id, c.event.sequence or 0, destination, s.stream, c.attempts + 1, "delivered",
-                       latency, "", "" if detail is None else encode_detail(detail, limit))  # fmt: skip
-                out.append(Settlement(s.delivery_id, s.stream, kind, s.attempts, s.due_at, s.error, row))
+                text = "" if detail is None else encode_detail(detail, limit)
+                out.append((at, c.event.id, c.event.sequence or 0, destination, s.stream, c.attempts + 1,
+                            "delivered", latency, "", text))  # fmt: skip
                 continue
             if isinstance(r, NotSent):
-                out.append(s)
                 continue
             if kind == "hold":
                 outcome, number = "hold", c.attempts + 1
@@ -131,9 +129,8 @@ class AttemptLog:
             else:
                 outcome, number = ("parked" if kind == "park" else "dead-lettered"), s.attempts
             detail = encode_detail(getattr(r, "detail", None), limit)
-            row = (at, c.event.id, c.event.sequence or 0, destination, s.stream, number, outcome, latency, _error(r),
-                   detail)  # fmt: skip
-            out.append(dataclasses.replace(s, logged=row))
+            out.append((at, c.event.id, c.event.sequence or 0, destination, s.stream, number, outcome, latency,
+                        _error(r), detail))  # fmt: skip
         return out
 
 

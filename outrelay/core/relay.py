@@ -148,7 +148,6 @@ class Relay:
         #: the delivery-attempt log (``[attempts] enabled``), else None; the store then records it
         self.attempt_log = AttemptLog(self.config.attempts) if self.config.attempts.enabled else None
         if isinstance(self.store, AttemptStore):
-            self.store.attempts_on = self.attempt_log is not None
             self.store.attempts_keep = self.config.attempts.keep_per_event
         else:
             self.attempt_log = None

@@ -197,27 +197,27 @@ def test_bad_input_is_one_line_and_exit_2(
 # -- the store side: retention ----------------------------------------------------------------------
 
 
-def _settle_attempts(db: Store, n_events: int, attempts_each: int, at: float, stream: str = "s") -> list[str]:
-    """Append ``n_events`` events, then log ``attempts_each`` retried attempts of each (the last one delivered)."""
+def _settle_attempts(
+    db: Store, n_events: int, attempts_each: int, at: float, stream: str = "s", *, log: bool = True
+) -> list[str]:
+    """Append ``n_events`` events, then settle ``attempts_each`` retried attempts of each (the last one
+    delivered), each with its attempt-log row unless ``log`` is false."""
     events = db.append([Event(type="t", stream=f"{stream}{i}", data={}) for i in range(n_events)])
     db.route(lambda e: ["d"], 1000, at)
     for k in range(1, attempts_each + 1):
         claimed = db.claim("d", limit=100, per_lane=1, owner="o", lease_seconds=60, now=at + 10 * k)
         last = k == attempts_each
-        db.settle(
-            "d",
-            "o",
-            [
-                Settlement(
-                    c.delivery_id, c.event.stream, "delivered" if last else "retry", k, at + 10 * k + 1,
-                    None if last else "503",
-                    (at + 10 * k, c.event.id, c.event.sequence or 0, "d", c.event.stream, k,
-                     "delivered" if last else "retry", 0.01, "" if last else "503", ""),
-                )
-                for c in claimed
-            ],
-            at + 10 * k,
-        )  # fmt: skip
+        kind: Any = "delivered" if last else "retry"
+        settlements = [
+            Settlement(c.delivery_id, c.event.stream, kind, k, at + 10 * k + 1, None if last else "503")
+            for c in claimed
+        ]
+        rows = [
+            (at + 10 * k, c.event.id, c.event.sequence or 0, "d", c.event.stream, k, kind, 0.01,
+             "" if last else "503", "")
+            for c in claimed
+        ]  # fmt: skip
+        db.settle("d", "o", settlements, at + 10 * k, **({"attempts": rows} if log else {}))
     return [e.id for e in events]
 
 
@@ -225,7 +225,6 @@ def test_retention_by_age_removes_old_attempts_and_nothing_else(
     store: Store,  # noqa: F811
 ) -> None:
     """prune_attempts deletes the attempts logged before the cutoff, in batches, and keeps the rest."""
-    store.attempts_on = True  # type: ignore[attr-defined]
     old = _settle_attempts(store, 3, 2, T0, "old")  # attempts at T0+10 and T0+20
     new = _settle_attempts(store, 2, 1, T0 + 1000, "new")  # at T0+1010
     assert len(store.attempts(limit=100)) == 8  # type: ignore[attr-defined]
@@ -242,7 +241,6 @@ def test_retention_by_count_keeps_the_newest_per_event(
     store: Store,  # noqa: F811
 ) -> None:
     """With keep_per_event = 3, an event attempted 5 times keeps its last 3; other events keep theirs."""
-    store.attempts_on = True  # type: ignore[attr-defined]
     store.attempts_keep = 3  # type: ignore[attr-defined]
     many = _settle_attempts(store, 1, 5, T0, "many")
     few = _settle_attempts(store, 2, 2, T0, "few")
@@ -255,8 +253,8 @@ def test_retention_by_count_keeps_the_newest_per_event(
 def test_the_store_writes_nothing_when_off(
     store: Store,  # noqa: F811
 ) -> None:
-    """attempts_on unset (the log off): settlements carrying attempts leave no row."""
-    _settle_attempts(store, 2, 2, T0)
+    """Settles without attempts (the relay's with the log off) leave no row."""
+    _settle_attempts(store, 2, 2, T0, log=False)
     assert store.attempts(limit=100) == []  # type: ignore[attr-defined]
 
 
@@ -285,10 +283,9 @@ def test_mark_maps_results_to_outcomes_and_skips_what_was_not_sent(
         for c, k in zip(claimed, kinds, strict=True)
     ]
     marked = AttemptLog(AttemptsConfig(detail_bytes=10)).mark("d", claimed, results, settlements, T0, 0.25)
-    logged = [s.logged for s in marked]
-    assert [a[6] if a else None for a in logged] == ["delivered", "retry", "rejected", "dead-lettered", None]
-    first = logged[0]  # (at, event_id, event_seq, destination, stream, attempt, outcome, latency, error, detail)
-    assert first is not None and json.loads(first[9]) == {"status": 200, "body": "x" * 10}
+    assert [a[6] for a in marked] == ["delivered", "retry", "rejected", "dead-lettered"]  # NotSent: no row
+    first = marked[0]  # (at, event_id, event_seq, destination, stream, attempt, outcome, latency, error, detail)
+    assert json.loads(first[9]) == {"status": 200, "body": "x" * 10}
     assert first[5] == 1 and first[7] == 0.25 and first[0] == T0 and first[1] == events[0].id and first[8] == ""
-    assert logged[2] is not None and logged[2][9] == "bad request"[:10] and logged[2][8] == "400"
+    assert marked[2][9] == "bad request"[:10] and marked[2][8] == "400"
     assert encode_detail(None, 5) == "" and time.time() > 0

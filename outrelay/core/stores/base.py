@@ -82,9 +82,6 @@ class Settlement:
     attempts: int = 0
     due_at: float = 0.0
     error: str | None = None
-    #: the attempt to record in the delivery-attempt log, written in the settle's transaction
-    #: (None: the log is off, or nothing was attempted)
-    logged: Attempt | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -268,9 +265,19 @@ class Store(ABC):
         return 0
 
     @abstractmethod
-    def settle(self, destination: str, owner: str, settlements: Sequence[Settlement], now: float) -> None:
+    def settle(
+        self,
+        destination: str,
+        owner: str,
+        settlements: Sequence[Settlement],
+        now: float,
+        attempts: Sequence[Attempt] = (),
+    ) -> None:
         """Apply outcomes in one transaction and release the lanes (see
-        :class:`Settlement`). Lanes no longer leased by ``owner`` are left alone."""
+        :class:`Settlement`). Lanes no longer leased by ``owner`` are left alone.
+        ``attempts``: rows of the delivery-attempt log to insert in the same transaction
+        (every one, whoever holds the lanes now: the attempts happened); the relay passes
+        them only to a store that keeps the log (:class:`outrelay.core.attempts.AttemptStore`)."""
 
     @abstractmethod
     def next_due(self, destination: str) -> float | None:

@@ -6,7 +6,7 @@ the attempts go as one more ``EXECUTE`` of that message: one ``INSERT ...
 SELECT FROM unnest(arrays)``, no extra round trip. The statement-at-a-time
 settle (failures to record, the audit chain, an event past
 ``keep_per_event``) runs the same insert in its transaction. Nothing here
-runs unless ``attempts_on`` is set (``[attempts] enabled``).
+runs on the hot path unless the relay passes attempts (``[attempts] enabled``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from outrelay.core.errors import NotFoundError
-from outrelay.core.stores.base import Settlement
+from outrelay.core.stores.base import Attempt
 from outrelay.core.stores.postgres_ops import PostgresParts
 from outrelay.core.stores.postgres_script import Statement, statement
 from outrelay.core.stores.sqlite_attempts import _filters
@@ -42,9 +42,9 @@ _INSERT = (
 )
 
 
-def attempt_args(settlements: Sequence[Settlement]) -> dict[str, Any] | None:
-    """The insert's arguments for the attempts ``settlements`` carry; None when none does."""
-    rows = [a for s in settlements if (a := s.logged) is not None]
+def attempt_args(rows: Sequence[Attempt]) -> dict[str, Any] | None:
+    """The insert's arguments for ``rows`` (None for none). Every attempt of one settle shares
+    ``at`` and ``latency`` (the relay's do: those of its batch): the first row's are taken."""
     if not rows:
         return None
     out = [r[6] for r in rows]
@@ -61,8 +61,6 @@ def attempt_args(settlements: Sequence[Settlement]) -> dict[str, Any] | None:
 class PostgresAttemptsMixin(PostgresParts):
     """Writes, reads and prunes ``<prefix>attempts``; ``retry_event`` for ``outrelay retry``."""
 
-    #: set by the relay when ``[attempts] enabled``: settling then records what it is given
-    attempts_on: bool = False
     #: ``[attempts] keep_per_event``: older attempts of an (event, destination) go when a newer one is written
     attempts_keep: int | None = None
 

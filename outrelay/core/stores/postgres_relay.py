@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from outrelay.core.envelope import Event
-from outrelay.core.stores.base import Claimed, Settlement
+from outrelay.core.stores.base import Attempt, Claimed, Settlement
 from outrelay.core.stores.postgres_attempts import attempt_args
 from outrelay.core.stores.postgres_script import Statement, statement
 
@@ -68,8 +68,6 @@ class RelayMixin:
         ) -> None: ...  # fmt: skip
 
         # the delivery-attempt log (outrelay.core.stores.postgres_attempts)
-        attempts_on: bool
-
         def _attempts_statement(self) -> Statement: ...
         def _attempts_trim(self, args: dict[str, Any]) -> bool: ...
         def _log_attempts(self, cur: Cursor, destination: str, args: dict[str, Any]) -> None: ...
@@ -413,7 +411,14 @@ class RelayMixin:
 
         return self._run(fn, relaxed=True)
 
-    def settle(self, destination: str, owner: str, settlements: Sequence[Settlement], now: float) -> None:
+    def settle(
+        self,
+        destination: str,
+        owner: str,
+        settlements: Sequence[Settlement],
+        now: float,
+        attempts: Sequence[Attempt] = (),
+    ) -> None:
         """Two statements: lock the lanes still leased by ``owner`` (in stream
         order); then, in a snapshot that sees every commit before the lock,
         record retries and dead letters (rare: ``executemany``), delete the
@@ -446,7 +451,7 @@ class RelayMixin:
             "gone_streams": [s.stream for s in gone], "now": now,
         }  # fmt: skip
 
-        logged = attempt_args(settlements) if self.attempts_on else None  # the attempt log, same transaction
+        logged = attempt_args(attempts)  # the delivery-attempt log, in the same transaction
         if not slow and self.audit is None and not (logged and self._attempts_trim(logged)):
             script = self._scripts()["settle"]  # every outcome delivered: one message (see _script)
             if logged:

@@ -3,7 +3,7 @@
 A mixin of :class:`~outrelay.core.stores.sqlite.SQLiteStore`. The relay's
 settle writes a batch's attempts with one ``executemany`` inside its own
 transaction (:meth:`SQLiteAttemptsMixin._log_attempts`); nothing here runs
-unless ``attempts_on`` is set (``[attempts] enabled``). Reads page newest
+on the hot path unless the relay passes attempts (``[attempts] enabled``). Reads page newest
 first by ``id``; an ``--event`` read uses the index on ``(event_seq, id)``
 (the sequence found from the event's id; an event pruned from history is
 matched by id, a scan), the others scan from the newest row (the table is
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from outrelay.core.errors import NotFoundError
-from outrelay.core.stores.base import Settlement
+from outrelay.core.stores.base import Attempt
 from outrelay.core.stores.sqlite_ops import SQLiteParts
 
 __all__ = ["SQLiteAttemptsMixin"]
@@ -28,16 +28,11 @@ _COLS = "id, at, event_id, event_seq, destination, stream, attempt, outcome, lat
 class SQLiteAttemptsMixin(SQLiteParts):
     """Writes, reads and prunes ``outrelay_attempts``; ``retry_event`` for ``outrelay retry``."""
 
-    #: set by the relay when ``[attempts] enabled``: settling then records what it is given
-    attempts_on: bool = False
     #: ``[attempts] keep_per_event``: older attempts of an (event, destination) go when a newer one is written
     attempts_keep: int | None = None
 
-    def _log_attempts(self, db: sqlite3.Connection, destination: str, settlements: Sequence[Settlement]) -> None:
-        """Insert the attempts ``settlements`` carry (in the caller's transaction)."""
-        rows = [a for s in settlements if (a := s.logged) is not None]
-        if not rows:
-            return
+    def _log_attempts(self, db: sqlite3.Connection, destination: str, rows: Sequence[Attempt]) -> None:
+        """Insert the attempt-log ``rows`` (in the caller's transaction)."""
         keep = self.attempts_keep
         if keep is not None:  # only an event past keep attempts can have too many (replays aside)
             for r in rows:
