@@ -11,6 +11,7 @@ runs on the hot path unless the relay passes attempts (``[attempts] enabled``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,20 +43,41 @@ _INSERT = (
 )
 
 
-def attempt_args(rows: Sequence[Attempt]) -> dict[str, Any] | None:
-    """The insert's arguments for ``rows`` (None for none). Every attempt of one settle shares
-    ``at`` and ``latency`` (the relay's do: those of its batch): the first row's are taken."""
+def attempt_args(rows: Sequence[Attempt], keep: int | None) -> tuple[dict[str, Any], list[int]] | None:
+    """The insert's arguments for ``rows`` (None for none), and the sequences of the events among
+    them past ``keep`` attempts (to trim first). Every attempt of one settle shares ``at`` and
+    ``latency`` (the relay's do: those of its batch): the first row's are taken."""
     if not rows:
         return None
+    trim = [r[2] for r in rows if r[5] > keep] if keep is not None else []
     out = [r[6] for r in rows]
     err = [r[8] for r in rows]
     det = [r[9] for r in rows]
     return {
-        "a_at": rows[0][0], "a_lat": rows[0][7], "a_ev": [r[1] for r in rows], "a_seq": [r[2] for r in rows],
-        "a_stream": [r[4] for r in rows], "a_n": [r[5] for r in rows],
+        "a_at": rows[0][0], "a_lat": rows[0][7], "a_ev": _array([r[1] for r in rows]),
+        "a_seq": "{" + ",".join([str(r[2]) for r in rows]) + "}", "a_stream": _array([r[4] for r in rows]),
+        "a_n": "{" + ",".join([str(r[5]) for r in rows]) + "}",
         "a_out": out if any(o != "delivered" for o in out) else [],
         "a_err": err if any(err) else [], "a_det": det if any(det) else [],
-    }  # fmt: skip
+    }, trim  # fmt: skip
+
+
+_UNSAFE = re.compile(r'[\s{}"\\]')
+
+
+def _array(values: list[str]) -> str | list[str]:
+    """``values`` as the text form of a PostgreSQL array (``{a,b}``) when no element needs quoting
+    (event ids and most stream names): the server reads that far faster than an ``ARRAY[...]``
+    expression of a thousand literals; else the list itself (quoted element by element)."""
+    joined = ",".join(values)
+    if (
+        joined.count(",") != len(values) - 1
+        or _UNSAFE.search(joined)
+        or ",," in f",{joined},"
+        or ",NULL," in f",{joined.upper()},"
+    ):
+        return values
+    return "{" + joined + "}"
 
 
 class PostgresAttemptsMixin(PostgresParts):
@@ -72,24 +94,17 @@ class PostgresAttemptsMixin(PostgresParts):
             self._attempts_stmt = built
         return built
 
-    def _attempts_trim(self, args: dict[str, Any]) -> bool:
-        """Whether an attempt among ``args`` is past ``keep_per_event`` (the settle then goes a
-        statement at a time, trimming first)."""
-        keep = self.attempts_keep
-        return keep is not None and any(n > keep for n in args["a_n"])
-
-    def _log_attempts(self, cur: Cursor, destination: str, args: dict[str, Any]) -> None:
-        """Insert the attempts of ``args`` (:func:`attempt_args`) in the caller's transaction,
+    def _log_attempts(self, cur: Cursor, destination: str, logged: tuple[dict[str, Any], list[int]]) -> None:
+        """Insert the attempts of ``logged`` (:func:`attempt_args`) in the caller's transaction,
         after trimming the events past ``keep_per_event``."""
-        keep, t = self.attempts_keep, self.n.attempts
-        if keep is not None:
-            for seq, n in zip(args["a_seq"], args["a_n"], strict=True):
-                if n > keep:
-                    cur.execute(
-                        f"DELETE FROM {t} WHERE event_seq = %s AND destination = %s AND id NOT IN "
-                        f"(SELECT id FROM {t} WHERE event_seq = %s AND destination = %s ORDER BY id DESC LIMIT %s)",
-                        (seq, destination, seq, destination, keep - 1),
-                    )
+        args, trim = logged
+        keep, t = self.attempts_keep or 1, self.n.attempts
+        for seq in trim:  # only when keep_per_event is set
+            cur.execute(
+                f"DELETE FROM {t} WHERE event_seq = %s AND destination = %s AND id NOT IN "
+                f"(SELECT id FROM {t} WHERE event_seq = %s AND destination = %s ORDER BY id DESC LIMIT %s)",
+                (seq, destination, seq, destination, keep - 1),
+            )
         cur.execute(_INSERT.format(t=t), {**args, "dest": destination})
 
     def attempts(

@@ -69,8 +69,10 @@ class RelayMixin:
 
         # the delivery-attempt log (outrelay.core.stores.postgres_attempts)
         def _attempts_statement(self) -> Statement: ...
-        def _attempts_trim(self, args: dict[str, Any]) -> bool: ...
-        def _log_attempts(self, cur: Cursor, destination: str, args: dict[str, Any]) -> None: ...
+
+        attempts_keep: int | None
+
+        def _log_attempts(self, cur: Cursor, destination: str, logged: tuple[dict[str, Any], list[int]]) -> None: ...
 
     def acquire_relay(self, owner: str) -> None:
         """Register the relay (several may run; nothing is locked exclusively)."""
@@ -451,11 +453,11 @@ class RelayMixin:
             "gone_streams": [s.stream for s in gone], "now": now,
         }  # fmt: skip
 
-        logged = attempt_args(attempts)  # the delivery-attempt log, in the same transaction
-        if not slow and self.audit is None and not (logged and self._attempts_trim(logged)):
+        logged = attempt_args(attempts, self.attempts_keep)  # the delivery-attempt log, same transaction
+        if not slow and self.audit is None and not (logged and logged[1]):  # [1]: events to trim first
             script = self._scripts()["settle"]  # every outcome delivered: one message (see _script)
             if logged:
-                script, args = [*script, self._attempts_statement()], {**args, **logged}
+                script, args = [*script, self._attempts_statement()], {**args, **logged[0]}
             kept = self._script(script, {**args, "owner": owner})[1][0][0]
         else:
             kept = self._run(
@@ -466,7 +468,7 @@ class RelayMixin:
 
     def _settle_in(
         self, cur: Cursor, destination: str, owner: str, settlements: Sequence[Settlement],
-        slow: list[Settlement], args: dict[str, Any], logged: dict[str, Any] | None = None,
+        slow: list[Settlement], args: dict[str, Any], logged: tuple[dict[str, Any], list[int]] | None = None,
     ) -> float | None:  # fmt: skip
         """:meth:`settle` a statement at a time (failures to record, or the audit chain on); returns
         when the earliest lane it kept pending is due (None: none kept)."""
