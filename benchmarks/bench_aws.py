@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from outrelay import Event, Outbox, Relay, parse_config  # noqa: E402
-from outrelay.transports._aws import fifo_id, message_attributes, structured_body  # noqa: E402
+from outrelay.transports.aws._wire import fifo_id, message_attributes, structured_body  # noqa: E402
 from tests.peers.moto import aws_client, aws_options  # noqa: E402
 from tests.services import free_port, wait_port  # noqa: E402
 

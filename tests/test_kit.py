@@ -55,7 +55,7 @@ class TestSurface:
         assert "outrelay.core" not in code
 
 
-class Probe(LifecycleTransport):
+class Probe(LifecycleTransport[TransportConfig]):
     """A transport whose broker work only counts calls (or fails on demand)."""
 
     name = "probe"
@@ -227,3 +227,42 @@ def test_the_mqtt_example_uses_only_the_kit() -> None:
     for path in files:
         imports = re.findall(r"^\s*(?:from|import) (outrelay(?:\.[\w.]*)?)\b", path.read_text(), re.M)
         assert all(m in ("outrelay.kit", "outrelay.conformance") for m in imports), (path, imports)
+
+
+class TestSendEach:
+    """kit.send_each: one synchronous call per message, the order rule kept."""
+
+    @staticmethod
+    def batch(*keys: str) -> list[Message]:
+        return [Message(Event(type=f"t{i}", stream=k), "t", k) for i, k in enumerate(keys)]
+
+    def test_a_failed_key_holds_its_later_messages_and_others_go_on(self) -> None:
+        """After a key's first failure its later messages are NotSent without a call; other keys go on."""
+        calls: list[str] = []
+
+        def publish(m: Message) -> SendResult:
+            calls.append(m.event.type)
+            return RetryLater("down") if m.event.type == "t0" else Delivered()
+
+        results = kit.send_each(self.batch("a", "b", "a", "b"), publish, progress=kit.Progress())
+        assert calls == ["t0", "t1", "t3"]
+        assert isinstance(results[0], RetryLater) and isinstance(results[2], kit.NotSent)
+        assert isinstance(results[1], Delivered) and isinstance(results[3], Delivered)
+
+    def test_nothing_starts_once_stopped_or_halted(self) -> None:
+        """A stopping relay or a halt() that turned true defers every message not yet started."""
+        stopped = kit.Progress()
+        stopped.stop()
+        assert all(
+            isinstance(r, kit.NotSent) and "stopping" in r.error
+            for r in kit.send_each(self.batch("a", "b"), lambda m: Delivered(), progress=stopped)
+        )
+        seen: list[Message] = []
+
+        def publish(m: Message) -> SendResult:
+            seen.append(m)
+            return Delivered()
+
+        results = kit.send_each(self.batch("a", "a", "b"), publish, progress=kit.Progress(), halt=lambda: bool(seen))
+        assert len(seen) == 1 and isinstance(results[0], Delivered)
+        assert all(isinstance(r, kit.NotSent) for r in results[1:])

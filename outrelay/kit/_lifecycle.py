@@ -149,12 +149,10 @@ class LifecycleTransport(Transport, Generic[C]):
     # -- the contract ----------------------------------------------------------
 
     def target(self, event: Event) -> str:
-        """The rendered :attr:`target_option` template. :raises RejectedTarget: the event's
-        values cannot be rendered safely. :raises NotImplementedError: no ``target_option`` and
-        no override."""
-        if self._template is None:
-            raise NotImplementedError(f"{type(self).__name__} sets no target_option and does not override target()")
-        return self._template.render(event)
+        """The rendered :attr:`target_option` template (a :class:`~outrelay.kit.RejectedTarget`, an
+        empty str with a reason, when the event's values cannot be rendered safely); ``""`` (the
+        contract's default) when the transport sets no ``target_option`` and does not override it."""
+        return "" if self._template is None else self._template.render(event)
 
     def _what(self) -> str:
         return f"{self.name} transport (destination {self.destination!r})"

@@ -85,6 +85,16 @@ class SlowTransport(LifecycleTransport):
         return results
 
 
+async def _published_at_least(n: int, relay_task: asyncio.Task[Any], within: float = 20.0) -> None:
+    """Wait until ``n`` publishes happened; fail (not hang) if the relay ended or ``within`` passed first."""
+    async with asyncio.timeout(within):
+        while len(PUBLISHED) < n:
+            if relay_task.done():
+                relay_task.result()  # its error, if it failed
+                pytest.fail(f"the relay ended after {len(PUBLISHED)} publishes, before {n}")
+            await asyncio.sleep(0.01)
+
+
 @pytest.fixture(autouse=True)
 def _registered(monkeypatch: pytest.MonkeyPatch) -> None:
     PUBLISHED.clear()
@@ -161,8 +171,7 @@ async def test_stop_finishes_what_is_in_flight_and_restart_sends_only_the_rest(t
     cfg = _config(tmp_path, latency=0.1, attempt_timeout=30.0, per_stream=20)
     relay = Relay(config=cfg)
     task = asyncio.create_task(relay.run())
-    while len(PUBLISHED) < 8:
-        await asyncio.sleep(0.01)
+    await _published_at_least(8, task)
     relay.stop()
     first = await asyncio.wait_for(task, 10)
     assert 0 < first.counts["d"]["delivered"] < len(events)
@@ -180,8 +189,7 @@ async def test_a_send_cancelled_at_shutdown_settles_what_was_confirmed(tmp_path:
     cfg = _config(tmp_path, hang_once=[events[3].id], soft_deadline=False, attempt_timeout=30.0)
     relay = Relay(config=cfg.model_copy(update={"relay": cfg.relay.model_copy(update={"shutdown_grace": 0.0})}))
     task = asyncio.create_task(relay.run())
-    while len(PUBLISHED) < 4:
-        await asyncio.sleep(0.01)
+    await _published_at_least(4, task)
     relay.stop()
     first = await asyncio.wait_for(task, 10)
     assert first.counts["d"]["delivered"] == 3

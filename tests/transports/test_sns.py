@@ -9,7 +9,7 @@ import pytest
 
 from outrelay import Delivered, Event, Message, Registry, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core.errors import TransportError
-from outrelay.transports.sns._transport import SNSConfig, SNSTransport
+from outrelay.transports.aws._sns import SNSConfig, SNSTransport
 from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, unique
 
 

@@ -23,8 +23,8 @@ import pytest
 from outrelay import Delivered, Event, Message, Rejected
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import STRUCTURED
-from outrelay.transports._aws import DeniedError
-from outrelay.transports.sns._transport import SNSConfig, SNSTransport
+from outrelay.transports.aws._errors import DeniedError
+from outrelay.transports.aws._sns import SNSConfig, SNSTransport
 from tests.peers.moto import IAMMoto, aws_client, aws_options, require_iam, skip_why, suite_secret, user_options
 
 
@@ -93,7 +93,7 @@ class TestForbiddenPeer:
         await allowed.open()
         assert await allowed.send([Message(ev, iam.topic_arn, ev.stream)]) == [Delivered()]
         await allowed.close()
-        with pytest.raises(DeniedError, match=r"PublishBatch .*AccessDenied.*permission denied") as info:
+        with pytest.raises(DeniedError, match=r"PublishBatch .*permission denied.*AccessDenied") as info:
             await denied.check()
         assert info.value.code == "AccessDenied"
         await denied.open()  # reading the topic is allowed

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from outrelay.core.transport import Reader
-from outrelay.transports.sns._transport import SNSConfig, SNSTransport
+from outrelay.transports.aws._sns import SNSConfig, SNSTransport
 from tests.peers._relay import relay_round_trip
 from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, unique
 

@@ -11,7 +11,8 @@ import pytest
 
 from outrelay import ConfigError, Delivered, Event, Message, Registry, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core.errors import TransportError
-from outrelay.transports.sqs._transport import SQSConfig, SQSTransport
+from outrelay.kit import NotSent, Progress, sending
+from outrelay.transports.aws._sqs import SQSConfig, SQSTransport
 from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, unique
 
 
@@ -188,6 +189,35 @@ class TestSQSTransport:
         missing = transport(moto_endpoint, "http://127.0.0.1:1/1/nope")
         with pytest.raises(TransportError, match="exists"):
             await missing.check()
+
+    async def test_progress_reported_per_request_and_deadline_kept(self, moto_endpoint: str) -> None:
+        """Each request's outcomes are reported as it answers; past the deadline a later request of a
+        key is not started (NotSent) and nothing of it reaches the queue."""
+        q = make_queue(moto_endpoint)
+        t = transport(moto_endpoint, q, max_workers=1)  # one request at a time: 10, then 10, then 5
+        await t.open()
+        batch = msgs(t, [Event(type="t", stream="s", data={"i": i}) for i in range(25)])
+        progress = Progress(deadline=asyncio.get_running_loop().time() - 1)  # already passed
+        with sending(progress):
+            results = await t.send(batch)
+        await t.close()
+        assert results[:10] == [Delivered()] * 10  # the first message of the key is always started
+        assert all(isinstance(r, NotSent) for r in results[10:])
+        assert [progress.outcome(m) for m in batch[:10]] == [Delivered()] * 10
+        assert len(receive_raw(moto_endpoint, q, 25, wait=2)) == 10
+
+    async def test_stopping_starts_nothing(self, moto_endpoint: str) -> None:
+        """Once the relay is stopping no request is started: every message is NotSent, none is sent."""
+        q = make_queue(moto_endpoint)
+        t = transport(moto_endpoint, q)
+        await t.open()
+        progress = Progress()
+        progress.stop()
+        with sending(progress):
+            results = await t.send(msgs(t, [Event(type="t", stream=f"s{i}") for i in range(3)]))
+        await t.close()
+        assert all(isinstance(r, NotSent) and "stopping" in r.error for r in results)
+        assert receive_raw(moto_endpoint, q, 1, wait=1) == []
 
     def test_secrets_hidden_and_registered(self) -> None:
         """The registry builds the transport from options; secrets never show in reprs."""

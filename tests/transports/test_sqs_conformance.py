@@ -23,8 +23,8 @@ import pytest
 from outrelay import Delivered, Event, Message, Rejected
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import STRUCTURED
-from outrelay.transports._aws import DeniedError
-from outrelay.transports.sqs._transport import SQSConfig, SQSTransport
+from outrelay.transports.aws._errors import DeniedError
+from outrelay.transports.aws._sqs import SQSConfig, SQSTransport
 from tests.peers.moto import IAMMoto, aws_client, aws_options, require_iam, skip_why, suite_secret, user_options
 
 
@@ -87,7 +87,7 @@ class TestForbiddenPeer:
         await allowed.open()
         assert await allowed.send([Message(ev, iam.queue_url, ev.stream)]) == [Delivered()]
         await allowed.close()
-        with pytest.raises(DeniedError, match=r"SendMessageBatch .*AccessDenied.*permission denied") as info:
+        with pytest.raises(DeniedError, match=r"SendMessageBatch .*permission denied.*AccessDenied") as info:
             await denied.check()
         assert info.value.code == "AccessDenied" and "<" not in str(info.value)  # moto's XML read out
         await denied.open()  # reading the queue is allowed
