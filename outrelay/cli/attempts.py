@@ -61,9 +61,14 @@ def attempts(
     with open_existing(cfg) as outbox:
         rows = log.read(outbox.store, event_id=event, stream=stream, destination=destination, since=cutoff, limit=limit)
     secrets = secrets_of(cfg)
-    for r in rows:
+    for r in rows:  # what a receiver answered may quote what it was sent: never print a configured secret
         if r["error"]:
             r["error"] = mask(r["error"], secrets)
+        detail = r["detail"]
+        if isinstance(detail, str):
+            r["detail"] = mask(detail, secrets)
+        elif isinstance(detail, dict):
+            r["detail"] = {k: mask(v, secrets) if isinstance(v, str) else v for k, v in detail.items()}
     if as_json:
         console.print_json(orjson.dumps(rows).decode())
         return

@@ -289,3 +289,16 @@ def test_mark_maps_results_to_outcomes_and_skips_what_was_not_sent(
     assert first[5] == 1 and first[7] == 0.25 and first[0] == T0 and first[1] == events[0].id and first[8] == ""
     assert marked[2][9] == "bad request"[:10] and marked[2][8] == "400"
     assert encode_detail(None, 5) == "" and time.time() > 0
+
+
+def test_the_webhook_gives_each_result_its_status_and_a_bounded_answer_excerpt() -> None:
+    """classify() puts the status and the first 512 bytes of the answer's body in every result's detail."""
+    from outrelay.transports.webhook._answers import classify
+
+    failed = classify(500, {}, "http://127.0.0.1:9/hook", b"x" * 2000)
+    assert isinstance(failed, RetryLater) and failed.detail == {"status": 500, "body": "x" * 512}
+    ok = classify(200, {}, "http://127.0.0.1:9/hook", b'{"ok": true}')
+    assert isinstance(ok, Delivered) and ok.detail == {"status": 200, "body": '{"ok": true}'}
+    assert ok == Delivered()  # the detail is no part of equality
+    refused = classify(410, {}, "http://127.0.0.1:9/hook", b"")
+    assert isinstance(refused, Rejected) and refused.detail == {"status": 410, "body": ""}
