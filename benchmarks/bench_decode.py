@@ -10,7 +10,7 @@ run of the same code, so an A/B of two commits can be read from one run each.
 
 The steps (one 1 KB event with outrelay's usual attributes):
 
-* ``kafka-decode``: ``transports.kafka._reader.decode`` of the record the kafka
+* ``kafka-decode``: ``transports.kafka._wire.decode`` of the record the kafka
   transport writes for it (headers decoded, the event validated);
 * ``checked``: ``Event.checked`` on its fields (what every decoder ends in);
 * ``store-row``: ``Event.from_attributes`` on its stored attributes (every claim);
@@ -28,8 +28,7 @@ import timeit
 from collections.abc import Callable
 
 from outrelay import Event
-from outrelay.transports.kafka._reader import decode
-from outrelay.transports.kafka._transport import encode
+from outrelay.transports.kafka._wire import decode, encode
 
 
 def steps() -> dict[str, Callable[[], object]]:

@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from outrelay import Event, Outbox, Relay, parse_config
-from outrelay.transports.kafka._transport import encode
+from outrelay.transports.kafka._wire import encode
 
 
 def free_port() -> int:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import pulsar  # noqa: E402
 
 from outrelay import Event, Outbox, Relay, parse_config  # noqa: E402
-from outrelay.transports.pulsar._config import properties  # noqa: E402
+from outrelay.transports.pulsar._wire import properties  # noqa: E402
 from tests.peers.pulsar import pulsar_binary  # noqa: E402
 from tests.services import free_port, wait_port  # noqa: E402
 

@@ -229,6 +229,164 @@ def test_the_mqtt_example_uses_only_the_kit() -> None:
         assert all(m in ("outrelay.kit", "outrelay.conformance") for m in imports), (path, imports)
 
 
+class TestChecking:
+    def test_checking_is_true_only_while_check_opens(self) -> None:
+        """``checking`` is True inside ``_open`` when check() opens the transport, False when open() does
+        or when check() finds it open already, and False again after check()."""
+        seen: list[bool] = []
+
+        class Seeing(Probe):
+            async def _open(self) -> None:
+                seen.append(self.checking)
+                await super()._open()
+
+            async def _check(self) -> str:
+                seen.append(self.checking)
+                return "reachable"
+
+        async def main() -> None:
+            t = Seeing()
+            assert await t.check() == "reachable"
+            assert not t.checking
+            await t.open()
+            assert await t.check() == "reachable"
+            await t.close()
+
+        asyncio.run(main())
+        assert seen == [True, False, False, False]
+
+    def test_an_open_in_another_task_during_a_check_is_not_checking(self) -> None:
+        """``checking`` belongs to the task running check(): the relay's open() racing a check creates
+        what it must (its ``_open`` sees False)."""
+        seen: list[bool] = []
+
+        class Slow(Probe):
+            async def _open(self) -> None:
+                await asyncio.sleep(0.05)  # the check starts meanwhile and waits for this open
+                seen.append(self.checking)
+
+        async def main() -> None:
+            t = Slow()
+            opening = asyncio.create_task(t.open())
+            await asyncio.sleep(0.01)
+            assert await t.check() == "reachable"
+            await opening
+            await t.close()
+
+        asyncio.run(main())
+        assert seen == [False]
+
+    def test_checking_is_reset_when_open_fails(self) -> None:
+        """A check whose open fails leaves ``checking`` False."""
+        t = Probe(fail_open=ConnectionRefusedError("refused"))
+        with pytest.raises(RetryableError):
+            asyncio.run(t.check())
+        assert not t.checking
+
+
+class TestReadUntil:
+    def test_reads_until_count_timeout_or_error(self) -> None:
+        """read_until asks for what is still wanted, stops at count, on TimeoutError or at the deadline
+        (``[]`` polls again), and hands back what it read when an error follows; an error first is raised."""
+        from outrelay.kit import Received, read_until
+
+        def received(n: int) -> list[Received]:
+            events = [Event(type="t", stream="s") for _ in range(n)]
+            return [Received(e, "x", e.stream, {}, b"", None) for e in events]
+
+        async def main() -> None:
+            asked: list[int] = []
+            script: list[list[Received] | BaseException] = [received(2), [], received(5)]
+
+            async def fetch(wanted: int, seconds: float) -> list[Received]:
+                assert seconds > 0
+                asked.append(wanted)
+                step = script.pop(0) if script else TimeoutError()
+                if isinstance(step, BaseException):
+                    raise step
+                return step[:wanted]
+
+            assert len(await read_until(4, 5.0, fetch)) == 4 and asked == [4, 2, 2]
+            script[:] = [received(1)]
+            assert len(await read_until(4, 5.0, fetch)) == 1  # then TimeoutError: the read ends
+            script[:] = [received(1), ConnectionError("gone")]
+            assert len(await read_until(4, 5.0, fetch)) == 1
+            script[:] = [ConnectionError("gone")]
+            with pytest.raises(ConnectionError):
+                await read_until(4, 5.0, fetch)
+
+            async def nothing(wanted: int, seconds: float) -> list[Received]:
+                await asyncio.sleep(min(seconds, 0.01))
+                return []
+
+            assert await read_until(3, 0.05, nothing) == []
+
+        asyncio.run(main())
+
+
+def test_mask_url_keeps_the_user_and_masks_the_password() -> None:
+    """mask_url masks a URL's password and keeps its user; a bare user info is a user, or a token when told."""
+    from outrelay.kit import mask_url
+
+    assert mask_url("amqp://relay:hunter2@h:5672/vh") == "amqp://relay:***@h:5672/vh"
+    assert mask_url("amqp://relay@h/") == "amqp://relay@h/"
+    assert mask_url("nats://tok@h:4222", bare_is_secret=True) == "nats://***@h:4222"
+    assert mask_url("nats://a:1@h1,nats://b:2@h2") == "nats://a:***@h1,nats://b:***@h2"
+    assert mask_url("h:4222") == "h:4222"
+
+
+class TestReading:
+    async def test_read_until_collects_across_polls_and_stops_at_count(self) -> None:
+        """read_until asks each poll for what is still wanted and stops once count items arrived."""
+        asked: list[int] = []
+        source = iter([[1, 2], [], [3, 4, 5], [6]])
+
+        async def poll(room: int, seconds: float) -> list[int]:
+            asked.append(room)
+            assert 0 < seconds <= 0.5
+            return next(source)
+
+        assert await kit.read_until(4, 5.0, poll, step=0.5) == [1, 2, 3, 4, 5]  # each poll waits <= step
+        assert asked == [4, 2, 2]
+
+    async def test_read_until_returns_what_it_got_at_the_timeout(self) -> None:
+        """A poll that keeps returning nothing ends the read after about the timeout, never past it."""
+        loop = asyncio.get_running_loop()
+        waits: list[float] = []
+
+        async def poll(room: int, seconds: float) -> list[int]:
+            waits.append(seconds)
+            await asyncio.sleep(seconds)
+            return []
+
+        began = loop.time()
+        assert await kit.read_until(3, 0.3, poll, step=0.1) == []
+        assert 0.25 <= loop.time() - began < 1.0 and max(waits) <= 0.1
+        assert await kit.read_until(3, 0.0, poll) == []
+
+    def test_event_from_record_reads_both_modes(self) -> None:
+        """Binary attributes (content type from the protocol field) and a structured body give the event back."""
+        event = Event(type="order.created", stream="o-1", data={"n": 1}, tenant="acme")
+        attrs = kit.attributes(event)
+        ctype = attrs.pop("datacontenttype")
+        assert kit.event_from_record(attrs, event.data, ctype) == event
+        assert "datacontenttype" not in attrs  # the caller's mapping is left as it was
+        body = kit.to_structured(event)
+        assert kit.event_from_record({}, body, kit.STRUCTURED_CONTENT_TYPE) == event
+        with pytest.raises(kit.EventError):
+            kit.event_from_record({"type": "x"}, b"", None)
+
+    def test_received_equals_the_constructor(self) -> None:
+        """kit.received builds the same (equal, frozen) Received as the dataclass constructor."""
+        event = Event(type="t", stream="s", data=b"x")
+        args = (event, "topic", "s", {"ce_id": event.id}, b"x", "application/octet-stream")
+        fast = kit.received(*args)
+        assert fast == kit.Received(*args) and type(fast) is kit.Received
+        assert kit.received(*args[:5]) == kit.Received(*args[:5])
+        with pytest.raises(AttributeError):
+            fast.target = "other"  # type: ignore[misc]
+
+
 class TestSendEach:
     """kit.send_each: one synchronous call per message, the order rule kept."""
 

@@ -17,14 +17,18 @@ Everything a transport needs, and nothing it should not touch::
 * :class:`LifecycleTransport` — the open/close/reconnecting/send-after-close
   state machine, so a transport writes only ``_open``/``_send``/``_close``;
 * :class:`ErrorMap` — vendor exceptions to RetryLater/Rejected/RetryableError/
-  PermanentError in one table; :func:`redact` masks credentials in messages;
+  PermanentError in one table; :func:`redact` masks credentials in messages,
+  :func:`mask_url` the password of a URL (the user name stays);
 * ordering helpers — :func:`send_in_key_order`, :func:`send_chained`,
   :func:`send_pipelined`, :func:`hold_after_failures`, :func:`not_sent`,
   :func:`deferred`, :func:`failing_staged`: order per key kept, progress
   reported, the deadline honoured; :func:`send_each` for a sink that answers
   at once (in-process, a local file);
 * the consuming side — :class:`Reader` / :class:`Received` (read back what
-  was published) and the subscription contract :class:`SubscriptionBackend`,
+  was published), :func:`read_until` (a reader's bounded poll loop) and
+  :func:`event_from_record` (an Event from a record in either CloudEvents mode),
+  :func:`received` (a Received built at half the constructor's cost, for hot paths),
+  and the subscription contract :class:`SubscriptionBackend`,
   :class:`SubscriptionSpec`, :class:`Inbound`, :func:`no_ack`;
 * :class:`Template` — target templates (``"events.{type}"``) with tenant-safe
   escaping; a render that cannot be made safe is a :class:`RejectedTarget`;
@@ -94,8 +98,10 @@ from outrelay.kit._ordering import (
     send_pipelined,
 )
 from outrelay.kit._plugin import transport_plugin
+from outrelay.kit._reading import event_from_record, read_until, received
 from outrelay.kit._streams import close_writer
 from outrelay.kit._tls import certificate_refused, client_ssl_context, tls_hint
+from outrelay.kit._urls import mask_url
 
 __all__ = [
     "STRUCTURED_CONTENT_TYPE",
@@ -139,6 +145,7 @@ __all__ = [
     "close_writer",
     "current_progress",
     "deferred",
+    "event_from_record",
     "failing_staged",
     "from_attributes",
     "from_binary",
@@ -147,9 +154,12 @@ __all__ = [
     "hookimpl",
     "is_json_content_type",
     "is_structured",
+    "mask_url",
     "no_ack",
     "not_sent",
     "outrelay_version",
+    "read_until",
+    "received",
     "redact",
     "send_chained",
     "send_each",

@@ -35,7 +35,9 @@ subclass writes only its broker's work in ``_open``/``_send``/``_close``::
   closes as from ``open``.
 * ``check()`` opens if needed, returns ``await _check()`` and closes again
   only what it opened itself: checking an open transport leaves it open.
-  A failing ``_check`` leaves nothing behind that it opened.
+  A failing ``_check`` leaves nothing behind that it opened. While ``check()``
+  opens the transport itself, :attr:`~LifecycleTransport.checking` is True, so
+  ``_open`` can skip side effects a check must not have (creating a stream).
 
 * typed config and target: ``class KafkaTransport(LifecycleTransport[KafkaConfig])``
   gets ``self.cfg`` typed as ``KafkaConfig``; a transport whose target is one
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, Generic, Literal, TypeVar
@@ -68,6 +71,9 @@ __all__ = ["LifecycleTransport", "State"]
 State = Literal["new", "open", "reconnecting", "closed"]
 
 C = TypeVar("C", bound=TransportConfig)
+
+#: the transport whose check() is opening it, in the task running the check (see ``checking``)
+_CHECKING: contextvars.ContextVar[object | None] = contextvars.ContextVar("outrelay_checking", default=None)
 
 
 class LifecycleTransport(Transport, Generic[C]):
@@ -113,6 +119,13 @@ class LifecycleTransport(Transport, Generic[C]):
     def is_open(self) -> bool:
         """True while open (not while reconnecting)."""
         return self._state == "open"
+
+    @property
+    def checking(self) -> bool:
+        """True while :meth:`check` opens the transport, in the task running that check (an
+        ``open()`` from another task at the same time sees False): ``_open`` should create
+        nothing then."""
+        return _CHECKING.get() is self
 
     def connection_lost(self, reason: str) -> None:
         """The client lost its connection and is reconnecting by itself (see the module docstring)."""
@@ -200,7 +213,11 @@ class LifecycleTransport(Transport, Generic[C]):
     async def check(self) -> str:
         """Open if needed, probe with :meth:`_check`, close again what was opened here."""
         opened_here = self._state not in ("open", "reconnecting")
-        await self.open()
+        token = _CHECKING.set(self if opened_here else None)
+        try:
+            await self.open()
+        finally:
+            _CHECKING.reset(token)
         try:
             with self.errors.boundary(f"{self._what()}: check", destination=self.destination):
                 return await self._check()

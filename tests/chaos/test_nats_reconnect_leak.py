@@ -11,7 +11,7 @@ collector (``ResourceWarning: unclosed StreamWriter``). A broker that refuses
 connections outright does not trigger it.
 
 The fix (``outrelay/transports/nats/_sockets.py``): the ``error_cb`` that
-``outrelay.transports.nats._connect.connect`` installs closes the failed
+``outrelay.transports.nats._client.connect`` installs closes the failed
 attempt's writers when nats-py calls it from its reconnect task. Each writer
 is closed, given a short bound to finish closing, and then aborted. ``connect``
 also closes the half-open socket when the first connect is cancelled or passes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import subprocess
 import time
@@ -12,6 +13,7 @@ import pytest
 from outrelay import Event, Message, PermanentError, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core import cloudevents
 from outrelay.core.transport import Delivered
+from outrelay.kit import NotSent, Progress, sending
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
 from tests.peers.kafka import KafkaPeer, client_certificate, new_topic
 from tests.peers.proxy import TcpProxy
@@ -121,6 +123,52 @@ class TestKafkaSend:
         assert make(kafka_peer, "ev.{stream}").capabilities.ordered_batches
 
 
+class TestKafkaProgress:
+    async def test_confirmed_record_batches_are_kept_and_the_deadline_stops_the_rest(
+        self, kafka_peer: KafkaPeer
+    ) -> None:
+        """Each record batch's outcome lands in the send's progress; once the deadline leaves no room for
+        another record batch of the partition, the rest are NotSent and never published."""
+        topic = await new_topic(kafka_peer)
+        t = make(kafka_peer, topic, batch_bytes=1024, max_message_bytes=900)  # one event per record batch
+        events = [Event(type="t", stream="s", data=b"x" * 600) for _ in range(4)]
+        batch = [msg(t, e) for e in events]
+        await t.open()
+        try:
+            async with t.reader(topic) as r:
+                full = Progress()
+                with sending(full):
+                    assert await t.send(batch) == [Delivered()] * 4
+                assert [full.outcome(m) for m in batch] == [Delivered()] * 4
+                assert len(await r.read(4, 10)) == 4
+                again = [msg(t, e) for e in events]
+                tight = Progress(deadline=asyncio.get_running_loop().time() + 0.001)
+                with sending(tight):
+                    results = await t.send(again)
+                assert results[0] == Delivered() and tight.outcome(again[0]) == Delivered()
+                assert all(isinstance(x, NotSent) for x in results[1:]) and tight.declined
+                assert [g.event.id for g in await r.read(4, 2)] == [events[0].id]
+        finally:
+            await t.close()
+
+    async def test_nothing_starts_once_the_relay_stops(self, kafka_peer: KafkaPeer) -> None:
+        """A send whose progress is stopped publishes nothing and reports every message NotSent."""
+        topic = await new_topic(kafka_peer)
+        t = make(kafka_peer, topic)
+        batch = [msg(t, Event(type="t", stream=f"s{i}")) for i in range(3)]
+        await t.open()
+        try:
+            async with t.reader(topic) as r:
+                stopped = Progress()
+                stopped.stop()
+                with sending(stopped):
+                    results = await t.send(batch)
+                assert all(isinstance(x, NotSent) for x in results)
+                assert await r.read(3, 1) == []
+        finally:
+            await t.close()
+
+
 class TestKafkaLifecycle:
     async def test_send_after_close_is_usage_error(self, kafka_peer: KafkaPeer) -> None:
         """send() after close() raises UsageError and close() is idempotent."""
@@ -204,10 +252,10 @@ class TestKafkaErrors:
         """Record-too-large and authorization errors are Rejected; leader, network and timeout errors RetryLater."""
         from aiokafka import errors as ke
 
-        from outrelay.transports.kafka._errors import result_for
+        from outrelay.transports.kafka._errors import ERRORS
 
         for exc in (ke.MessageSizeTooLargeError(), ke.TopicAuthorizationFailedError(), ke.InvalidTopicError()):
-            assert isinstance(result_for(exc), Rejected), exc
+            assert isinstance(ERRORS.result(exc), Rejected), exc
         for exc in (
             ke.NotLeaderForPartitionError(),
             ke.KafkaConnectionError(),
@@ -215,7 +263,7 @@ class TestKafkaErrors:
             ke.LeaderNotAvailableError(),
             ke.KafkaTimeoutError(),
         ):
-            assert isinstance(result_for(exc), RetryLater), exc
+            assert isinstance(ERRORS.result(exc), RetryLater), exc
 
 
 class TestKafkaCodecs:

@@ -24,7 +24,7 @@ import pytest
 from outrelay import Event, Message, PermanentError, RetryableError
 from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
 from outrelay.core.transport import Delivered
-from outrelay.transports.kafka._subscriber import KafkaSubscription
+from outrelay.transports.kafka._subscription import KafkaSubscription
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
 from tests.peers.kafka import KafkaPeer, new_topic, private_tansu
 from tests.peers.proxy import TcpProxy
@@ -500,7 +500,7 @@ class TestRecord:
         from aiokafka import TopicPartition
 
         from outrelay.transports.kafka._offsets import PartitionTrack
-        from outrelay.transports.kafka._subscriber import KafkaSubscription, _Record
+        from outrelay.transports.kafka._subscription import KafkaSubscription, _Record
 
         sub = KafkaSubscription(KafkaConfig(topic="t"), SubscriptionSpec(target="t", group="g"))
         track, tp = PartitionTrack(), TopicPartition("t", 3)

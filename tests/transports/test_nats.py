@@ -470,3 +470,36 @@ class TestSecurity:
             untrusted = NatsTransport(NatsConfig(servers=(f"tls://127.0.0.1:{server.port}",), connect_timeout=1))
             with pytest.raises(PermanentError, match=r"certificate was refused .*set tls_ca_file"):
                 await untrusted.open()
+
+
+class TestLifecycle:
+    async def test_send_while_reconnecting_is_retryable_then_resumes(self, tmp_path: Path) -> None:
+        """While the client reconnects (its server killed) the transport is ``reconnecting`` and send() raises
+        RetryableError naming the lost connection, writing nothing; once the server is back it is open again
+        and delivers, without a new open()."""
+        with private_nats_server(tmp_path) as server:
+            spec = {"name": "OR_RECONNECT", "subjects": ["or.reconnect.>"], "storage": "file"}
+            t = NatsTransport(
+                NatsConfig(servers=(server.url,), subject="or.reconnect.x", create_stream=spec, reconnect_time_wait=0.1)
+            )
+            await t.open()
+            try:
+                assert await t.send(_messages(t, [Event(type="t", stream="s")])) == [Delivered()]
+                server.kill()
+                deadline = time.monotonic() + 10
+                while t.state != "reconnecting" and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                assert t.state == "reconnecting"
+                with pytest.raises(RetryableError, match="connection lost"):
+                    await t.send(_messages(t, [Event(type="t", stream="s")]))
+                server.start()
+                results: list[object] = []
+                deadline = time.monotonic() + 20
+                while results != [Delivered()] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+                    if t.state == "open":  # JetStream may need a moment after the reconnect: RetryLater
+                        results = list(await t.send(_messages(t, [Event(type="t", stream="s")])))
+                assert results == [Delivered()] and t.state == "open"
+            finally:
+                await t.close()
+            assert t.state == "closed"

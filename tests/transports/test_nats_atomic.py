@@ -18,6 +18,7 @@ import pydantic
 import pytest
 
 from outrelay import Delivered, Event, Message, PermanentError, Rejected, RetryLater
+from outrelay.kit import NotSent, Progress, sending
 from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._atomic import ABANDONED
 from outrelay.transports.nats._config import NatsConfig, publish_mode
@@ -279,3 +280,26 @@ async def test_a_member_lost_on_the_way_stores_nothing_then_each_is_sent_alone(
         stored = await _stored(server.url, name)
     assert [h["ce-id"] for h in stored] == [e.id for e in events]
     assert not any("Nats-Batch-Id" in h for h in stored)
+
+
+async def test_a_stored_batch_is_reported_to_the_progress_and_a_stopping_relay_writes_nothing(
+    server: NatsServer,
+) -> None:
+    """Inside the relay's progress, every member of an acked atomic batch is reported Delivered; once the
+    relay is stopping, no batch is written (each member NotSent) and the stream stays as it was."""
+    async with _stream(server.url, allow_atomic=True) as (name, prefix):
+        t = _transport(server.url, name, prefix, atomic=True)
+        await t.open()
+        try:
+            messages = _messages(t, _events(20, 3))
+            with sending(Progress()) as progress:
+                assert await t.send(messages) == [Delivered()] * 20
+            assert [progress.outcome(m) for m in messages] == [Delivered()] * 20
+            stopping = Progress()
+            stopping.stop()
+            with sending(stopping):
+                results = await t.send(_messages(t, _events(5, 2)))
+            assert all(isinstance(r, NotSent) for r in results)
+        finally:
+            await t.close()
+        assert len(await _stored(server.url, name)) == 20

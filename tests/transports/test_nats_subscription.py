@@ -16,9 +16,8 @@ import pytest
 
 from outrelay import Event, Message, PermanentError, RetryableError
 from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
-from outrelay.transports.nats._config import NatsConfig
+from outrelay.transports.nats._config import NatsConfig, derive_target
 from outrelay.transports.nats._group import NatsGroup, names
-from outrelay.transports.nats._subscriber import derive_target
 from outrelay.transports.nats._transport import NatsTransport
 from tests.peers.nats import StreamFactory
 from tests.services import free_port

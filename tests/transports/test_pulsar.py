@@ -10,6 +10,7 @@ import pytest
 
 from outrelay import Delivered, Event, Message, Registry, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core.errors import TransportError
+from outrelay.kit import NotSent, Progress, sending
 from outrelay.transports.pulsar._transport import PulsarConfig, PulsarTransport
 
 
@@ -94,6 +95,27 @@ class TestPulsarTransport:
         await t.close()
         assert sorted(r.event.id for r in got) == sorted([ev5.id, ev3.id])
 
+    async def test_progress_kept_and_nothing_started_once_stopped(self, pulsar_url: str) -> None:
+        """Every confirmed message lands in the send's progress; a stopped progress starts nothing (NotSent)."""
+        name = topic()
+        t = transport(pulsar_url, name)
+        await t.open()
+        try:
+            async with t.reader(name) as reader:
+                batch = msgs(t, [Event(type="t", stream=f"s{i % 2}") for i in range(4)])
+                progress = Progress()
+                with sending(progress):
+                    assert await t.send(batch) == [Delivered()] * 4
+                assert [progress.outcome(m) for m in batch] == [Delivered()] * 4
+                assert len(await reader.read(4, 5)) == 4
+                stopped = Progress()
+                stopped.stop()
+                with sending(stopped):
+                    results = await t.send(msgs(t, [Event(type="t", stream="s0")]))
+                assert isinstance(results[0], NotSent) and await reader.read(1, 1) == []
+        finally:
+            await t.close()
+
     async def test_lifecycle(self, pulsar_url: str) -> None:
         """close is idempotent, send after close raises UsageError, a down broker fails open quickly."""
         t = transport(pulsar_url, topic())
@@ -140,10 +162,10 @@ def test_refused_credentials_are_permanent(result: str) -> None:
     so the mapping itself is what can be tested here)."""
     import pulsar
 
-    from outrelay.transports.pulsar._errors import map_pulsar_errors, outcome
+    from outrelay.transports.pulsar._errors import ERRORS, outcome
 
     r = outcome(getattr(pulsar.Result, result))
     assert isinstance(r, Rejected) and r.disable_destination and result in r.reason
-    with pytest.raises(TransportError) as err, map_pulsar_errors("open", "p"):
+    with pytest.raises(TransportError) as err, ERRORS.boundary("open", destination="p"):
         raise getattr(pulsar, result)("refused")
     assert not isinstance(err.value, RetryableError) and "refused" in str(err.value)

@@ -1,11 +1,11 @@
 """The ``kafka`` transport: aiokafka producer, CloudEvents Kafka binding.
 
-Mapping: the event's stream is the record **key** (so the default murmur2
-partitioner, the same as the Java client's, keeps one stream in one
-partition); the record timestamp is the event time. Binary mode (default)
-puts the attributes in ``ce_*`` headers plus a ``content-type`` header and
-the data verbatim in the value; structured mode puts the JSON CloudEvent in
-the value with ``content-type: application/cloudevents+json``.
+Mapping (:mod:`._wire`): the event's stream is the record **key** (so the
+default murmur2 partitioner, the same as the Java client's, keeps one stream
+in one partition); the record timestamp is the event time. Binary mode
+(default) puts the attributes in ``ce_*`` headers plus a ``content-type``
+header and the data verbatim in the value; structured mode puts the JSON
+CloudEvent in the value with ``content-type: application/cloudevents+json``.
 
 Sending: a batch is split per (topic, partition) into aiokafka record
 batches (``create_batch``/``send_batch``); every partition's batch is
@@ -14,15 +14,23 @@ is appended by the broker atomically, and aiokafka keeps one produce request
 per partition in flight and re-queues retried batches at the head, so the
 records of one partition land in batch order. When a partition's traffic
 spans several record batches (over ``batch_bytes``) they are sent one after
-the other, and after a failure the rest are reported RetryLater unsent.
+the other, and after a failure the rest are reported NotSent, unsent.
 That is what makes ``ordered_batches`` honest — as long as every event of a
 stream goes to the same topic, i.e. the topic template uses no field other
 than ``{stream}``. With ``{type}``-style templates one stream can span
 topics that are written concurrently, so ``ordered_batches`` is declared
 false and the relay sends one event per stream per batch instead.
 
+Progress: each record batch's outcome is recorded in the send's progress
+(:func:`~outrelay.kit.current_progress`) when the send returns or is cut; a
+partition's next record batch is started only while its predecessor's
+latency still fits before the deadline, and none once the relay is
+stopping (else NotSent: it goes with the next claim).
+A record batch in flight when the send is cut may still be stored by the
+broker (aiokafka keeps it): at least once, as after any timeout.
+
 Consuming: ``subscription()`` gives consumer groups and fan-out
-(:mod:`outrelay.transports.kafka._subscriber`), ``reader()`` a plain reader.
+(:mod:`outrelay.transports.kafka._subscription`), ``reader()`` a plain reader.
 
 Not deduplicated by event id (``native_dedupe`` false): the idempotent
 producer only drops its own retries within one producer session.
@@ -31,49 +39,53 @@ producer only drops its own retries within one producer session.
     ``connect_timeout`` (never hangs).
 :raises PermanentError: from ``open`` when the TLS files cannot be loaded (a
     wrong ``ssl_password``...), the broker refuses the SASL login, or it refuses
-    an idempotent producer; one line saying what to fix, never a secret.
+    an idempotent producer; one line saying what to fix, never a secret
+    (see :mod:`._client`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 import string
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from aiokafka import AIOKafkaProducer
-from aiokafka import errors as ke
 from aiokafka.partitioner import DefaultPartitioner
 
 from outrelay.kit import (
-    STRUCTURED_CONTENT_TYPE,
     Capabilities,
     Delivered,
-    Event,
+    ErrorMap,
+    LifecycleTransport,
     Message,
+    NotSent,
     PermanentError,
+    Progress,
     Reader,
     Rejected,
     RetryLater,
     SendResult,
     SubscriptionBackend,
     SubscriptionSpec,
-    Template,
-    Transport,
-    UsageError,
-    binary_headers,
-    certificate_refused,
-    tls_hint,
-    to_structured,
+    current_progress,
+    deferred,
+    not_sent,
 )
+from outrelay.transports.kafka._client import start_producer
 from outrelay.transports.kafka._config import TOPIC_RE, KafkaConfig
-from outrelay.transports.kafka._errors import describe, map_kafka_errors, result_for
+from outrelay.transports.kafka._errors import ERRORS, describe
+from outrelay.transports.kafka._reader import KafkaReader
+from outrelay.transports.kafka._subscription import subscription_for
+from outrelay.transports.kafka._wire import encode
 
-__all__ = ["KafkaConfig", "KafkaTransport", "client_options", "encode"]
+__all__ = ["KafkaConfig", "KafkaTransport"]
 
-_HELD = "held back: an earlier record of this partition failed in this batch"
+_HELD = "not sent: an earlier record batch of this partition failed in this send"
+
+#: (record batch builder, indices of its messages in the send's batch), in partition order
+Chain = list[tuple[Any, list[int]]]
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:
@@ -82,211 +94,109 @@ def _consume(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-def _ssl_context(cfg: KafkaConfig) -> ssl.SSLContext:
-    """The TLS context of ``cfg``.
-
-    :raises PermanentError: a CA, certificate or key file cannot be read, the key is encrypted and
-        ``ssl_password`` does not open it, or the key does not match the certificate.
-    """
-    try:
-        ctx = ssl.create_default_context(cafile=cfg.ssl_cafile)
-        ctx.check_hostname = cfg.ssl_check_hostname
-        if cfg.ssl_certfile:
-            password = cfg.ssl_password.get_secret_value() if cfg.ssl_password else None
-            ctx.load_cert_chain(cfg.ssl_certfile, cfg.ssl_keyfile, password=password)
-    except OSError as exc:  # ssl.SSLError is one ("PEM lib": a wrong ssl_password, a key of another certificate)
-        raise PermanentError(
-            f"kafka TLS files could not be loaded ({type(exc).__name__}: {exc}): check ssl_cafile, ssl_certfile "
-            "and ssl_keyfile, that the key belongs to the certificate, and ssl_password if the key is encrypted"
-        ) from exc
-    return ctx
-
-
-def client_options(cfg: KafkaConfig) -> dict[str, Any]:
-    """Connection and security keyword arguments shared by producer, consumer and admin.
-
-    :raises PermanentError: the TLS files cannot be loaded (see :func:`_ssl_context`).
-    """
-    opts: dict[str, Any] = {
-        "bootstrap_servers": cfg.servers,
-        "client_id": cfg.client_id,
-        "request_timeout_ms": int(cfg.request_timeout * 1000),
-        "security_protocol": cfg.security_protocol,
-    }
-    if cfg.security_protocol in ("SSL", "SASL_SSL"):
-        opts["ssl_context"] = _ssl_context(cfg)
-    if cfg.sasl_mechanism is not None:
-        opts["sasl_mechanism"] = cfg.sasl_mechanism
-        opts["sasl_plain_username"] = cfg.sasl_username
-        opts["sasl_plain_password"] = cfg.sasl_password.get_secret_value() if cfg.sasl_password else None
-    return opts
-
-
-async def _certificate_refused(servers: Sequence[str], ctx: ssl.SSLContext | None, timeout: float) -> str | None:
-    """Why a bootstrap server's TLS certificate is refused, if it is (None: not TLS, or not that)."""
-    if ctx is None:
-        return None
-    for server in servers:
-        host, _, port = server.rpartition(":")
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), ssl=ctx), timeout)
-        except (OSError, ValueError, TimeoutError) as exc:
-            reason = certificate_refused(exc)
-            if reason is not None:
-                return reason
-            continue
-        writer.close()
-        return None  # the handshake works: the failure was something else
-    return None
-
-
-def encode(event: Event, mode: str) -> tuple[bytes, list[tuple[str, bytes]]]:
-    """The record value and headers of ``event`` in binary or structured mode."""
-    if mode == "structured":
-        return to_structured(event), [("content-type", STRUCTURED_CONTENT_TYPE.encode())]
-    headers = [(k, v.encode()) for k, v in binary_headers(event, "ce_").items()]
-    if event.content_type:
-        headers.append(("content-type", event.content_type.encode()))
-    return event.data, headers
-
-
-class KafkaTransport(Transport):
+class KafkaTransport(LifecycleTransport[KafkaConfig]):
     """See the module docstring."""
 
     name = "kafka"
     Config = KafkaConfig
+    errors: ClassVar[ErrorMap] = ERRORS
+    target_option = "topic"
+    target_segment = "name"
+    target_alphabet = r"A-Za-z0-9._\-"
 
     def __init__(self, config: KafkaConfig, *, destination: str = "kafka") -> None:
         super().__init__(config, destination=destination)
-        self.cfg: KafkaConfig = config
-        self._template = Template(
-            config.topic, where=f"destinations.{destination}.topic", segment="name", alphabet=r"A-Za-z0-9._\-"
-        )
         fields = {f for _, f, _, _ in string.Formatter().parse(config.topic) if f is not None}
         self._ordered = fields <= {"stream"}
         self._partitioner = DefaultPartitioner()
         self._partitions: dict[tuple[bytes, int], int] = {}
         self._producer: AIOKafkaProducer | None = None
-        self._state = "new"
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            ordering_by_key=True,
-            ordered_batches=self._ordered,
-            native_dedupe=False,
-            max_batch_count=1000,
-            max_message_bytes=self.cfg.max_message_bytes,
-            cloudevents_modes=("binary", "structured"),
-            reader=True,
-            subscriptions=True,
-        )
+        return Capabilities(ordering_by_key=True, ordered_batches=self._ordered, native_dedupe=False,
+                            max_batch_count=1000, max_message_bytes=self.cfg.max_message_bytes,
+                            cloudevents_modes=("binary", "structured"), reader=True, subscriptions=True)  # fmt: skip
 
-    def target(self, event: Event) -> str:
-        return self._template.render(event)
+    async def _open(self) -> None:
+        self._producer = await start_producer(self.cfg, self.destination)
 
-    async def open(self) -> None:
-        if self._state == "open":
-            return
-        cfg = self.cfg
-        options = client_options(cfg)
-        with map_kafka_errors("connect to " + ",".join(cfg.servers), self.destination):
-            producer = AIOKafkaProducer(
-                **options,
-                acks="all",
-                enable_idempotence=cfg.enable_idempotence,
-                linger_ms=cfg.linger_ms,
-                max_batch_size=cfg.batch_bytes,
-                max_request_size=cfg.batch_bytes + 4096,
-                compression_type=None if cfg.compression == "none" else cfg.compression,
-            )
-            try:
-                await asyncio.wait_for(producer.start(), cfg.connect_timeout)
-            except BaseException as exc:
-                await producer.stop()
-                if cfg.enable_idempotence and isinstance(exc, ke.UnknownError | ke.UnsupportedVersionError):
-                    # start() fetches an idempotent producer id; brokers without support fail exactly here
-                    raise PermanentError(
-                        f"kafka broker {','.join(cfg.servers)} refused an idempotent producer id ({describe(exc)}): "
-                        "set enable_idempotence = false for brokers without idempotence support (e.g. tansu)",
-                        destination=self.destination,
-                    ) from exc
-                if cfg.sasl_mechanism is not None and not isinstance(exc, ke.KafkaError | OSError | TimeoutError):
-                    # aiokafka's SCRAM client fails with a bare KeyError/ValueError when the server
-                    # refuses the credentials (its final message carries no verifier)
-                    raise PermanentError(
-                        f"kafka SASL {cfg.sasl_mechanism} authentication with {','.join(cfg.servers)} failed "
-                        f"({type(exc).__name__}): check sasl_username/sasl_password and sasl_mechanism",
-                        destination=self.destination,
-                    ) from exc
-                refused = await _certificate_refused(cfg.servers, options.get("ssl_context"), cfg.connect_timeout)
-                if refused is not None:  # aiokafka only logs it and reports "Unable to bootstrap"
-                    raise PermanentError(
-                        f"kafka connect to {','.join(cfg.servers)}: {tls_hint(refused, 'ssl_cafile')}",
-                        destination=self.destination,
-                    ) from exc
-                raise
-        self._producer = producer
-        self._state = "open"
-
-    async def close(self) -> None:
+    async def _close(self) -> None:
         producer, self._producer = self._producer, None
-        if self._state == "open":
-            self._state = "closed"
         if producer is not None:
             with contextlib.suppress(Exception):  # closing: nothing useful to report to the caller
-                await asyncio.wait_for(producer.stop(), self.cfg.request_timeout)
+                async with asyncio.timeout(self.cfg.request_timeout):
+                    await producer.stop()
 
-    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
+    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
         producer = self._producer
-        if self._state != "open" or producer is None:
-            raise UsageError(f"kafka transport {self.destination!r} is {self._state}, not open")
-        partitions: dict[str, list[int] | BaseException] = {}
+        assert producer is not None  # the kit calls _send only while open
+        progress = current_progress()
+        results: list[SendResult | None] = [None] * len(batch)
+        try:
+            chains = self._plan(producer, batch, await self._topics(producer, batch), results)
+            sends = (self._send_chain(producer, t, p, c, batch, results, progress) for (t, p), c in chains.items())
+            await asyncio.gather(*sends)
+        finally:  # returned or cut: what is known is kept
+            progress.record(batch, results)
+        return [r if r is not None else RetryLater("no outcome recorded") for r in results]
+
+    async def _topics(self, producer: AIOKafkaProducer, batch: Sequence[Message]) -> dict[str, list[int] | SendResult]:
+        """The sorted partitions of every topic of ``batch``, or the result of its messages when unknown."""
+        found: dict[str, list[int] | SendResult] = {}
         for topic in {m.target for m in batch}:
             if not TOPIC_RE.match(topic):  # a rendered template may hold characters Kafka forbids
-                partitions[topic] = PermanentError(
+                found[topic] = Rejected(
                     f"{topic!r} is not a valid Kafka topic name (letters, digits, '.', '_', '-'; at most 249)"
                 )
                 continue
             try:
-                with map_kafka_errors(f"metadata for topic {topic!r}", self.destination):
-                    parts = await asyncio.wait_for(producer.partitions_for(topic), self.cfg.request_timeout)
-                partitions[topic] = sorted(parts)
+                async with asyncio.timeout(self.cfg.request_timeout):
+                    found[topic] = sorted(await producer.partitions_for(topic))
             except Exception as exc:
-                partitions[topic] = exc
-        results: list[SendResult | None] = [None] * len(batch)
+                found[topic] = ERRORS.result(exc, f"kafka metadata for topic {topic!r}")
+        return found
+
+    def _plan(
+        self,
+        producer: AIOKafkaProducer,
+        batch: Sequence[Message],
+        topics: dict[str, list[int] | SendResult],
+        results: list[SendResult | None],
+    ) -> dict[tuple[str, int], Chain]:
+        """Fill record batches per (topic, partition) in batch order; what cannot go is given its result."""
         failed: set[str] = set()
-        # (topic, partition) -> list of (record batch, indices in it)
-        chains: dict[tuple[str, int], list[tuple[Any, list[int]]]] = {}
+        chains: dict[tuple[str, int], Chain] = {}
         limit = self.cfg.max_message_bytes
         for i, m in enumerate(batch):
-            parts = partitions[m.target]
+            parts = topics[m.target]
             if m.key in failed:
-                results[i] = RetryLater("held back: an earlier event of this stream failed in this batch")
+                results[i] = not_sent(m.key)
                 continue
             if len(m.event.data) > limit:
                 results[i] = Rejected(f"message of {len(m.event.data)} bytes exceeds max_message_bytes={limit}")
+            elif not isinstance(parts, list):
+                results[i] = parts
+            elif not self._append(producer, chains, m, self._partition(m.key.encode(), parts), i):
+                results[i] = Rejected("record does not fit into an empty record batch; raise batch_bytes")
+            if results[i] is not None:
                 failed.add(m.key)
-                continue
-            if isinstance(parts, BaseException):
-                results[i] = (Rejected if isinstance(parts, PermanentError) else RetryLater)(str(parts))
-                failed.add(m.key)
-                continue
-            key = m.key.encode()
-            partition = self._partition(key, parts)
-            chain = chains.setdefault((m.target, partition), [])
-            value, headers = encode(m.event, self.cfg.mode)
-            timestamp = int(m.event.time.timestamp() * 1000)
-            if not chain or chain[-1][0].append(key=key, value=value, timestamp=timestamp, headers=headers) is None:
-                builder = producer.create_batch()
-                if builder.append(key=key, value=value, timestamp=timestamp, headers=headers) is None:
-                    results[i] = Rejected("record does not fit into an empty record batch; raise batch_bytes")
-                    failed.add(m.key)
-                    continue
-                chain.append((builder, []))
-            chain[-1][1].append(i)
-        await asyncio.gather(*(self._send_chain(producer, t, p, c, results) for (t, p), c in chains.items()))
-        return [r if r is not None else RetryLater("no outcome recorded") for r in results]
+        return chains
+
+    def _append(
+        self, producer: AIOKafkaProducer, chains: dict[tuple[str, int], Chain], m: Message, partition: int, i: int
+    ) -> bool:
+        """Append ``m`` to its partition's last record batch, or a new one; False: it fits in none."""
+        chain = chains.setdefault((m.target, partition), [])
+        value, headers = encode(m.event, self.cfg.mode)
+        record = {"key": m.key.encode(), "value": value, "timestamp": int(m.event.time.timestamp() * 1000)}
+        if not chain or chain[-1][0].append(**record, headers=headers) is None:
+            builder = producer.create_batch()
+            if builder.append(**record, headers=headers) is None:
+                return False
+            chain.append((builder, []))
+        chain[-1][1].append(i)
+        return True
 
     def _partition(self, key: bytes, parts: list[int]) -> int:
         """murmur2(key) like the Java client, memoised: pure Python murmur2 costs ~40 µs a call."""
@@ -303,70 +213,82 @@ class KafkaTransport(Transport):
         producer: AIOKafkaProducer,
         topic: str,
         partition: int,
-        chain: list[tuple[Any, list[int]]],
+        chain: Chain,
+        batch: Sequence[Message],
         results: list[SendResult | None],
+        progress: Progress,
     ) -> None:
-        """Send one partition's record batches in order; stop at the first failure."""
+        """Send one partition's record batches in order; stop at the first failure, or when the
+        deadline leaves no room for another (the previous one's latency)."""
+        loop = asyncio.get_running_loop()
+        latency = 0.0
         for n, (builder, indices) in enumerate(chain):
-            outcome: SendResult = Delivered()
-            try:
-                builder.close()
-                fut = await producer.send_batch(builder, topic, partition=partition)
-                fut.add_done_callback(_consume)
-                # shield: on our timeout aiokafka keeps the batch and may still deliver it (at least once)
-                await asyncio.wait_for(asyncio.shield(fut), self.cfg.request_timeout + 5)
-            except TimeoutError:
-                outcome = RetryLater(f"kafka produce to {topic}[{partition}] timed out")
-            except Exception as exc:
-                outcome = result_for(exc)
+            if not progress.may_start(latency if n else 0.0):  # a partition's first: unless the relay stops
+                self._hold(chain[n:], results, deferred(progress))
+                return
+            began = loop.time()
+            outcome = await self._produce(producer, topic, partition, builder)
+            latency = loop.time() - began
             for i in indices:
                 results[i] = outcome
             if not isinstance(outcome, Delivered):
-                for _, rest in chain[n + 1 :]:
-                    for i in rest:
-                        results[i] = RetryLater(_HELD)
+                self._hold(chain[n + 1 :], results, NotSent(_HELD))
                 return
 
-    async def check(self) -> str:
+    @staticmethod
+    def _hold(rest: Chain, results: list[SendResult | None], result: SendResult) -> None:
+        for _, indices in rest:
+            for i in indices:
+                results[i] = result
+
+    async def _produce(self, producer: AIOKafkaProducer, topic: str, partition: int, builder: Any) -> SendResult:
+        """Send one record batch and wait for the broker's answer (at most ``request_timeout`` + 5 s)."""
+        try:
+            builder.close()
+            fut = await producer.send_batch(builder, topic, partition=partition)
+            fut.add_done_callback(_consume)
+            # shield: on our timeout aiokafka keeps the batch and may still deliver it (at least once);
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+            async with asyncio.timeout(self.cfg.request_timeout + 5):
+                await asyncio.shield(fut)
+        except TimeoutError:
+            return RetryLater(f"kafka produce to {topic}[{partition}] timed out")
+        except Exception as exc:
+            return ERRORS.result(exc, f"kafka produce to {topic}[{partition}]")
+        return Delivered()
+
+    async def _check(self) -> str:
         """Reachability, and the topic's partitions when the template is static.
 
         Kafka cannot test WRITE permission without writing; an ACL problem
         shows up as a Rejected "TopicAuthorizationFailed" on the first send.
+
+        :raises PermanentError: the static topic is not available (create it).
         """
-        opened_here = self._state != "open"
-        await self.open()
-        assert self._producer is not None
+        producer = self._producer
+        assert producer is not None  # the kit calls _check only while open
+        cfg = self.cfg
+        brokers = len(producer.client.cluster.brokers())
+        idempotence = "on" if cfg.enable_idempotence else "off"
+        head = f"kafka {','.join(cfg.servers)} reachable ({brokers} broker(s), acks=all, idempotence {idempotence})"
+        if self._template is None or not self._template.is_static:
+            return f"{head}; topics from template {cfg.topic!r} are resolved at publish"
         try:
-            brokers = len(self._producer.client.cluster.brokers())
-            head = f"kafka {','.join(self.cfg.servers)} reachable ({brokers} broker(s), acks=all, " + (
-                f"idempotence {'on' if self.cfg.enable_idempotence else 'off'})"
-            )
-            if not self._template.is_static:
-                return f"{head}; topics from template {self.cfg.topic!r} are resolved at publish"
-            topic = self.cfg.topic
-            try:
-                parts = await asyncio.wait_for(self._producer.partitions_for(topic), self.cfg.connect_timeout)
-            except Exception as exc:
-                raise PermanentError(
-                    f"kafka topic {topic!r} is not available ({describe(exc)}): create it "
-                    f"(kafka-topics.sh --create --topic {topic}) or enable auto.create.topics.enable",
-                    destination=self.destination,
-                ) from exc
-            return f"{head}; topic {topic!r} has {len(parts)} partition(s)"
-        finally:
-            if opened_here:
-                await self.close()
-                self._state = "new"
+            async with asyncio.timeout(cfg.connect_timeout):
+                parts = await producer.partitions_for(cfg.topic)
+        except Exception as exc:
+            raise PermanentError(
+                f"kafka topic {cfg.topic!r} is not available ({describe(exc)}): create it "
+                f"(kafka-topics.sh --create --topic {cfg.topic}) or enable auto.create.topics.enable",
+                destination=self.destination,
+            ) from exc
+        return f"{head}; topic {cfg.topic!r} has {len(parts)} partition(s)"
 
     def reader(self, target: str, **options: Any) -> Reader:
         """A consumer-group reader of ``target`` (options: ``group_id``, ``from_beginning``)."""
-        from outrelay.transports.kafka._reader import KafkaReader
-
         return KafkaReader(self.cfg, target, **options)
 
     def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
         """A consumer-group (or fan-out) backend for ``spec``; ``spec.target == ""`` means this
-        destination's topic. :raises PermanentError: see :func:`~._subscriber.subscription_for`."""
-        from outrelay.transports.kafka._subscriber import subscription_for
-
+        destination's topic. :raises PermanentError: see :func:`~._subscription.subscription_for`."""
         return subscription_for(self.cfg, spec, destination=self.destination)

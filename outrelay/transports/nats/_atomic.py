@@ -55,7 +55,17 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 
-from outrelay.kit import Delivered, Message, RetryLater, SendResult, hold_after_failures, not_sent
+from outrelay.kit import (
+    Delivered,
+    Message,
+    Progress,
+    RetryLater,
+    SendResult,
+    current_progress,
+    deferred,
+    hold_after_failures,
+    not_sent,
+)
 from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._errors import result_for
 
@@ -83,7 +93,14 @@ async def send_atomic(
     ``fallback(members)`` sends members one unacked message per stream when the batch as a
     whole was refused; ``on_disabled()`` is called when the stream no longer allows atomic
     batches (10174), before that fallback.
+
+    Progress: nothing is written once the relay is stopping (every member deferred); the
+    commit's ack reports every member Delivered at once (before anything else can cut the
+    send), and the fallback reports each message as its ack comes.
     """
+    progress = current_progress()
+    if progress.stopped:
+        return [deferred(progress) for _ in batch]
     results: list[SendResult | None] = [None] * len(batch)
     members: list[tuple[int, Message, dict[str, str]]] = []
     halted: set[str] = set()
@@ -98,11 +115,13 @@ async def send_atomic(
             continue
         members.append((i, m, prepared))
     if members:
-        outcomes = await _publish(members, acks, fallback, timeout, on_disabled)
+        outcomes = await _publish(members, acks, fallback, timeout, on_disabled, progress)
         for (i, _, _), result in zip(members, outcomes, strict=True):
             results[i] = result
     out = [r if r is not None else RetryLater("no outcome recorded") for r in results]
-    return hold_after_failures(batch, out, destination=destination, log=log, fix="set pipeline = false")
+    out = hold_after_failures(batch, out, destination=destination, log=log, fix="set pipeline = false")
+    progress.record(batch, out)
+    return out
 
 
 async def _publish(
@@ -111,8 +130,10 @@ async def _publish(
     fallback: Callable[[Sequence[Message]], Awaitable[list[SendResult]]],
     timeout: float,
     on_disabled: Callable[[], None],
+    progress: Progress,
 ) -> list[SendResult]:
-    """Write ``members`` as one batch, wait for the commit's ack, and map it to their results."""
+    """Write ``members`` as one batch, wait for the commit's ack, and map it to their results
+    (Delivered reported to ``progress`` as soon as the commit is acked)."""
     batch_id = uuid.uuid4().hex
     last = len(members)
     commit: asyncio.Future[dict[str, Any]] | None = None
@@ -130,6 +151,8 @@ async def _publish(
         acks.unstage()  # cancels the commit's future if it was staged and not flushed
         return [result_for(exc, m.target) for _, m, _ in members]
     assert commit is not None
+    messages = [m for _, m, _ in members]
+    commit.add_done_callback(lambda f: _stored(f, messages, progress))
     try:
         await asyncio.wait_for(commit, timeout)
     except (nats.js.errors.APIError, nats.js.errors.NoStreamResponseError) as exc:
@@ -142,3 +165,9 @@ async def _publish(
     except (TimeoutError, nats.errors.Error, OSError) as exc:  # no answer: it may be stored; retried (deduped)
         return [result_for(exc, m.target) for _, m, _ in members]
     return [Delivered() for _ in members]  # the commit's pub ack: the whole batch is stored
+
+
+def _stored(commit: asyncio.Future[dict[str, Any]], messages: list[Message], progress: Progress) -> None:
+    """The commit's ack came: every member is stored, whatever cuts the send afterwards."""
+    if not commit.cancelled() and commit.exception() is None:
+        progress.record(messages, [Delivered() for _ in messages])

@@ -8,9 +8,16 @@ import uuid
 import nats
 from nats.aio.client import Client
 
-from outrelay.kit import PermanentError, RetryableError, TransportError
-from outrelay.transports.nats._config import NatsConfig, atomic_not_allowed, mask_url, publish_mode, stream_traits
-from outrelay.transports.nats._errors import PublishDenied, classify, mapped
+from outrelay.kit import PermanentError, TransportError
+from outrelay.transports.nats._config import (
+    NatsConfig,
+    atomic_not_allowed,
+    derive_target,
+    mask_url,
+    publish_mode,
+    stream_traits,
+)
+from outrelay.transports.nats._errors import ERRORS, PublishDenied, mapped
 
 __all__ = ["check"]
 
@@ -38,8 +45,6 @@ async def check(cfg: NatsConfig, destination: str, nc: Client, probe: str, denie
         with mapped("stream lookup", destination):
             stream = await js.find_stream_name_by_subject(probe)
     except TransportError as exc:
-        from outrelay.transports.nats._subscriber import derive_target
-
         try:
             subjects = derive_target(cfg.subject, destination=destination)
         except PermanentError:
@@ -85,9 +90,6 @@ async def _probe_publish(cfg: NatsConfig, destination: str, nc: Client, subject:
     except (nats.errors.Error, TimeoutError) as exc:
         await asyncio.sleep(0)  # let a pending error callback run
         if not denied:
-            retryable, message = classify(exc, subject)
-            cls = RetryableError if retryable else PermanentError
-            raise cls(f"publish probe: {message}", destination=destination) from None
+            raise ERRORS.error(exc, f"publish probe: subject {subject!r}", destination=destination) from None
     if denied:
-        retryable, message = classify(PublishDenied(subject))
-        raise PermanentError(f"{cfg.where}: {message}", destination=destination)
+        raise ERRORS.error(PublishDenied(subject), cfg.where, destination=destination)

@@ -29,21 +29,24 @@ from typing import Any, Literal, NamedTuple
 import nats.js.api
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from outrelay.kit import TransportConfig
+from outrelay.kit import PermanentError, TransportConfig
+from outrelay.kit import mask_url as kit_mask_url
 
-__all__ = ["NatsConfig", "PublishMode", "StreamSpec", "atomic_not_allowed", "mask_url", "publish_mode", "stream_traits"]
-
-_URL_CREDS = re.compile(r"(?P<scheme>[a-z+]+://)(?P<userinfo>[^@/]+)@", re.IGNORECASE)
+__all__ = [
+    "NatsConfig",
+    "PublishMode",
+    "StreamSpec",
+    "atomic_not_allowed",
+    "derive_target",
+    "mask_url",
+    "publish_mode",
+    "stream_traits",
+]
 
 
 def mask_url(url: str) -> str:
     """``nats://user:secret@host`` -> ``nats://user:***@host`` (a bare token is masked whole)."""
-
-    def sub(m: re.Match[str]) -> str:
-        user, sep, _ = m.group("userinfo").partition(":")
-        return f"{m.group('scheme')}{user + ':***' if sep else '***'}@"
-
-    return _URL_CREDS.sub(sub, url)
+    return kit_mask_url(url, bare_is_secret=True)
 
 
 class StreamSpec(BaseModel):
@@ -241,3 +244,27 @@ def atomic_not_allowed(stream: str) -> str:
         f"atomic = true, but stream {stream!r} does not allow atomic batches: create it with allow_atomic = true "
         "(nats-server 2.12 or newer), or remove atomic"
     )
+
+
+_PLACEHOLDER = re.compile(r"\{[a-z]+\}")
+
+
+def derive_target(subject: str, *, destination: str) -> str:
+    """The wildcard covering every subject the ``subject`` template renders.
+
+    :raises PermanentError: a placeholder shares a token with literal text.
+    """
+    tokens = subject.split(".")
+    out: list[str] = []
+    for i, token in enumerate(tokens):
+        if "{" not in token:
+            out.append(token)
+        elif _PLACEHOLDER.fullmatch(token):
+            out.append(">" if i == len(tokens) - 1 else "*")
+        else:
+            raise PermanentError(
+                f"subject {subject!r}: token {token!r} mixes a placeholder with text, which no NATS wildcard "
+                "can match; give the subscription an explicit target (a subject or wildcard)",
+                destination=destination,
+            )
+    return ".".join(out)

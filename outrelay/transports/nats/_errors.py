@@ -1,39 +1,35 @@
-"""The one place where nats-py exceptions become outrelay's.
+"""The one place where nats-py exceptions become outrelay's: :data:`ERRORS`, one :class:`~outrelay.kit.ErrorMap`.
 
-:func:`classify` decides retryable vs permanent and writes the message;
-:func:`result_for` turns it into a per-message result and :func:`mapped` is
-the context manager for whole operations (open, check, reader), raising
-:class:`~outrelay.RetryableError` / :class:`~outrelay.PermanentError`
-``from`` the vendor exception.
+:data:`ERRORS` is :class:`~outrelay.transports.nats._transport.NatsTransport`'s
+``errors`` (so the kit maps whatever escapes open/send/close/check with it);
+:func:`result_for` is its per-message result (RetryLater / Rejected),
+:func:`mapped` its whole-operation boundary (RetryableError / PermanentError
+``from`` the vendor exception) for the reader, the subscriptions and the
+check, and :func:`classify` the ``(retryable, message)`` pair for a log line.
+Messages are redacted (``kit.redact``: URL credentials, ``token=`` values).
+
+Retrying cannot fix a JetStream refusal with a 4xx code other than 408/429
+(wrong stream, too large, ...), an invalid subject, a payload over the
+server's ``max_payload``, refused credentials or a publish permission
+violation: those reject. No responders (no stream, JetStream not ready), a
+full ``discard = new`` stream, an abandoned atomic batch, an order-guard
+refusal, timeouts and every connection problem retry, as does anything
+unknown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import nats.errors
 import nats.js.errors
 
-from outrelay.kit import PermanentError, Rejected, RetryableError, RetryLater, SendResult
+from outrelay.kit import ErrorMap, Rule, SendResult
 
-__all__ = ["PublishDenied", "classify", "denied_subject", "is_auth_error", "mapped", "result_for"]
-
-# JetStream API error codes (err_code) that no retry can fix.
-_PERMANENT_CODES = {
-    10060: "the subject is bound to another stream than expected_stream",
-    10054: "the message is larger than the stream's max_msg_size",
-}
-# Resource limits that may clear (consumers ack, retention removes old messages).
-_RETRYABLE_CODES = {
-    10077: "the stream is full (max_msgs/max_bytes with discard=new)",
-    10176: "the atomic batch was abandoned as incomplete (a message of it lost on the way, e.g. in a stream leader "
-    "change): nothing of it was stored; retried",
-    10070: "order guard: an earlier message to this stream was not stored (lost in a stream leader change, "
-    "refused, or another publisher wrote in between), so this one was held back; retried in order",
-}
+__all__ = ["ERRORS", "PublishDenied", "classify", "denied_subject", "is_auth_error", "mapped", "result_for"]
 
 
 # nats-py lower-cases the server's -ERR text: 'permissions violation for publish to "orders.x"'
@@ -67,54 +63,73 @@ def is_auth_error(exc: BaseException) -> bool:
     )
 
 
+def _api(code: int) -> Callable[[BaseException], bool]:
+    """Matches a JetStream API error with error code ``code``."""
+    return lambda e: isinstance(e, nats.js.errors.APIError) and e.err_code == code
+
+
+def _api_transient(exc: BaseException) -> bool:
+    """A JetStream API error whose status says "try again" (5xx, 408, 429, none)."""
+    return isinstance(exc, nats.js.errors.APIError) and (exc.code is None or exc.code >= 500 or exc.code in (408, 429))
+
+
+_TIMEOUTS = (nats.errors.TimeoutError, asyncio.TimeoutError, nats.js.errors.TooManyStalledMsgsError)
+
+#: the transport's error table (see the module docstring); first match wins
+ERRORS = ErrorMap(
+    (
+        (nats.js.errors.NoStreamResponseError, nats.errors.NoRespondersError),
+        "retry",
+        "no JetStream stream answered (no responders): create a stream whose subjects cover it "
+        "(or set create_stream), or check that JetStream is enabled",
+    ),
+    (_api(10060), "reject", "the subject is bound to another stream than expected_stream"),
+    (_api(10054), "reject", "the message is larger than the stream's max_msg_size"),
+    (_api(10077), "retry", "the stream is full (max_msgs/max_bytes with discard=new)"),
+    (
+        _api(10176),
+        "retry",
+        "the atomic batch was abandoned as incomplete (a message of it lost on the way, e.g. in a stream "
+        "leader change): nothing of it was stored; retried",
+    ),
+    (
+        _api(10070),
+        "retry",
+        "order guard: an earlier message to this stream was not stored (lost in a stream leader change, "
+        "refused, or another publisher wrote in between), so this one was held back; retried in order",
+    ),
+    (_api_transient, "retry", "JetStream error"),
+    (nats.js.errors.APIError, "reject", "JetStream refused it"),
+    (nats.errors.BadSubjectError, "reject", "invalid subject: use dot-separated tokens without spaces or wildcards"),
+    (nats.errors.MaxPayloadError, "reject", "message exceeds the server's max_payload"),
+    (is_auth_error, "reject", "authorization violation: check credentials and the account's publish permissions"),
+    (
+        PublishDenied,
+        "reject",
+        "permission denied: grant this user publish permission on the subject (server authorization), "
+        "or use credentials that have it",
+    ),
+    (_TIMEOUTS, "retry", "no JetStream ack in time (server slow, restarting or unreachable)"),
+    ((nats.errors.NoServersError, ConnectionError, OSError), "retry", "cannot reach a NATS server"),
+    # closed/draining/reconnecting connection, stale connection, buffer full
+    Rule(nats.errors.Error, "retry", "NATS connection problem"),
+)
+
+
+def _on(subject: str | None) -> str:
+    return f"subject {subject!r}" if subject else ""
+
+
 def classify(exc: BaseException, subject: str | None = None) -> tuple[bool, str]:
-    """``(retryable, message)`` for a nats-py exception (or an asyncio timeout)."""
-    on = f" on subject {subject!r}" if subject else ""
-    if isinstance(exc, nats.js.errors.NoStreamResponseError | nats.errors.NoRespondersError):
-        return True, (
-            f"no JetStream stream answered{on} (no responders): create a stream whose subjects cover it "
-            "(or set create_stream), or check that JetStream is enabled"
-        )
-    if isinstance(exc, nats.js.errors.APIError):
-        code = exc.err_code or 0
-        text = f"JetStream error {exc.code}/{code}{on}: {exc.description or 'no description'}"
-        if code in _PERMANENT_CODES:
-            return False, f"{text} ({_PERMANENT_CODES[code]})"
-        if code in _RETRYABLE_CODES:
-            return True, f"{text} ({_RETRYABLE_CODES[code]})"
-        return (exc.code is None or exc.code >= 500 or exc.code in (408, 429)), text
-    if isinstance(exc, nats.errors.BadSubjectError):
-        return False, f"invalid subject {subject!r}: use dot-separated tokens without spaces or wildcards"
-    if isinstance(exc, nats.errors.MaxPayloadError):
-        return False, f"message exceeds the server's max_payload{on}"
-    if is_auth_error(exc):
-        return False, "authorization violation: check credentials and the account's publish permissions"
-    if isinstance(exc, PublishDenied):
-        return False, (
-            f"permission denied: the server refused a publish to {exc.subject!r}; grant this user publish "
-            "permission on the subject (server authorization), or use credentials that have it"
-        )
-    if isinstance(exc, nats.errors.TimeoutError | asyncio.TimeoutError | nats.js.errors.TooManyStalledMsgsError):
-        return True, f"no JetStream ack in time{on} (server slow, restarting or unreachable)"
-    if isinstance(exc, nats.errors.NoServersError | ConnectionError | OSError):
-        return True, f"cannot reach a NATS server: {type(exc).__name__}"
-    if isinstance(exc, nats.errors.Error):
-        # closed/draining/reconnecting connection, stale connection, buffer full
-        return True, f"NATS connection problem{on}: {type(exc).__name__}"
-    return True, f"unexpected {type(exc).__name__}{on}"
+    """``(retryable, message)`` for a nats-py exception (or an asyncio timeout), by :data:`ERRORS`."""
+    return ERRORS.kind(exc) == "retry", ERRORS.message(exc, _on(subject))
 
 
 def result_for(exc: BaseException, subject: str) -> SendResult:
-    retryable, message = classify(exc, subject)
-    return RetryLater(message) if retryable else Rejected(message)
+    """The per-message result for ``exc`` publishing to ``subject`` (RetryLater or Rejected)."""
+    return ERRORS.result(exc, _on(subject))
 
 
-@contextmanager
-def mapped(what: str, destination: str) -> Iterator[None]:
-    """Raise outrelay errors for vendor failures of ``what`` (e.g. "connect to nats://h:4222")."""
-    try:
-        yield
-    except (TimeoutError, nats.errors.Error, OSError) as exc:
-        retryable, message = classify(exc)
-        cls = RetryableError if retryable else PermanentError
-        raise cls(f"{what}: {message}", destination=destination) from exc
+def mapped(what: str, destination: str) -> AbstractContextManager[None]:
+    """Raise RetryableError/PermanentError (``from`` the vendor exception) for failures of ``what``."""
+    return ERRORS.boundary(what, destination=destination)

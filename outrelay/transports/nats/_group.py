@@ -46,7 +46,6 @@ import dataclasses
 import logging
 import zlib
 from collections import deque
-from typing import TYPE_CHECKING
 
 import nats.errors
 import nats.js.api
@@ -56,11 +55,9 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from outrelay.kit import Inbound, RetryableError, SubscriptionSpec, TransportError
+from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._errors import mapped
-from outrelay.transports.nats._subscriber import NatsBackend, fetch_ready, inbound, sanitize, stream_of
-
-if TYPE_CHECKING:
-    from outrelay.transports.nats._transport import NatsTransport
+from outrelay.transports.nats._subscription import NatsBackend, fetch_ready, inbound, sanitize, stream_of
 
 __all__ = ["NatsGroup", "names"]
 
@@ -96,8 +93,8 @@ class _Shard:
 class NatsGroup(NatsBackend):
     """A member of a consumer group (see the module docstring)."""
 
-    def __init__(self, transport: NatsTransport, spec: SubscriptionSpec) -> None:
-        super().__init__(transport, spec)
+    def __init__(self, cfg: NatsConfig, destination: str, spec: SubscriptionSpec) -> None:
+        super().__init__(cfg, destination, spec)
         assert spec.group is not None
         self.group = spec.group
         self.nshards = self.cfg.group_shards
@@ -118,13 +115,7 @@ class NatsGroup(NatsBackend):
     async def start(self) -> None:
         if self._state != "new":
             return
-        await self._connect()
-        try:
-            await self._join()
-        except BaseException:
-            await self._close_connection()
-            raise
-        self._state = "started"
+        await self._start(self._join)
         self._ticker = asyncio.create_task(self._run_ticker(), name=f"nats-group-{self.group}-{self.spec.member}")
 
     async def _join(self) -> None:

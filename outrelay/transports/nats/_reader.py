@@ -11,32 +11,21 @@ NATS binding asks; ``ce-datacontenttype``, else ``Content-Type``, is the data's 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Literal
 
 import nats.errors
 import nats.js.api
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
-from outrelay.kit import Reader, Received, UsageError, from_binary
+from outrelay.kit import Reader, Received, UsageError, read_until
+from outrelay.transports.nats._client import connect
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._errors import mapped
+from outrelay.transports.nats._wire import decode
 
-__all__ = ["NatsReader", "decode"]
-
-
-def decode(msg: Msg) -> Received:
-    """Rebuild the :class:`Received` of a JetStream message from its ``ce-*`` headers.
-
-    :raises EventError: (or another ValueError) the message is not an outrelay CloudEvent.
-    """
-    headers = dict(msg.headers or {})
-    ctype = headers.get("Content-Type")
-    event = from_binary(headers, msg.data, content_type=ctype, percent=True)
-    return Received(event, msg.subject, event.stream, headers, bytes(msg.data), ctype)
+__all__ = ["NatsReader"]
 
 
 class NatsReader(Reader):
@@ -66,8 +55,6 @@ class NatsReader(Reader):
         self._sub: JetStreamContext.PullSubscription | None = None
 
     async def start(self) -> None:
-        from outrelay.transports.nats._connect import connect
-
         self._nc = await connect(self.cfg, self.destination)
         js = self._nc.jetstream(timeout=self.cfg.ack_timeout)
         policy = nats.js.api.DeliverPolicy.NEW if self.deliver == "new" else nats.js.api.DeliverPolicy.ALL
@@ -86,29 +73,23 @@ class NatsReader(Reader):
             raise
 
     async def read(self, count: int, timeout: float) -> list[Received]:
-        if self._sub is None:
+        sub = self._sub
+        if sub is None:
             raise UsageError("NatsReader.read() before start()")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        out: list[Received] = []
-        while len(out) < count:
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            try:
-                with mapped(f"cannot read {self.subject!r}", self.destination):
-                    try:
-                        msgs = await self._sub.fetch(batch=min(count - len(out), 1000), timeout=max(0.05, left))
-                    except TimeoutError:  # nats-py raises both its own and the builtin one here
-                        break
-                    for msg in msgs:
-                        await msg.ack()
-            except Exception:
-                if out:  # hand back what was read; the error repeats on the next read
-                    break
-                raise
-            out.extend(decode(msg) for msg in msgs)
-        return out
+
+        async def fetch(wanted: int, seconds: float) -> list[Received]:
+            with mapped(f"cannot read {self.subject!r}", self.destination):
+                try:
+                    msgs = await sub.fetch(batch=min(wanted, 1000), timeout=max(0.05, seconds))
+                except TimeoutError:  # nats-py raises both its own and the builtin one here
+                    msgs = None
+                for msg in msgs or ():
+                    await msg.ack()
+            if msgs is None:
+                raise TimeoutError  # nothing came: the read ends
+            return [decode(msg) for msg in msgs]
+
+        return await read_until(count, timeout, fetch)
 
     async def stop(self) -> None:
         sub, self._sub = self._sub, None

@@ -20,7 +20,7 @@ failed, the next will replace its connection"), never on the connection in
 use. It reads nats-py private attributes defensively: if a later nats-py
 renames them it does nothing. It is harmless if nats-py closes the
 connection itself, because closing a closed writer does nothing.
-:func:`close_streams` does the closing. ``connect`` also calls it when the
+:func:`close_streams` does the closing. ``_client.connect`` also calls it when the
 first connect fails or is cancelled mid-handshake, which nats-py cannot clean
 up after. ``tests/chaos/test_nats_reconnect_leak.py`` fails if either leak
 comes back.
@@ -62,7 +62,7 @@ async def close_failed_attempt(nc: Client, bound: float) -> bool:
 async def close_streams(nc: Client, bound: float) -> None:
     """Close the stream writers of ``nc``'s transport (TLS writer first, then the plain one), each given
     ``bound`` seconds to finish closing before its transport is aborted
-    (:func:`~outrelay.transports._streams.close_writer`). Errors from the closing connection are
+    (:func:`~outrelay.kit.close_writer`). Errors from the closing connection are
     logged at debug level and not raised.
 
     :raises asyncio.CancelledError: the caller was cancelled (the transport is aborted first).

@@ -59,8 +59,15 @@ guard reports both outcomes as they are and logs the break in order as a
 warning.
 
 No responders (no stream for the subject, JetStream not ready), timeouts and
-connection loss are retryable; the client reconnects by itself, and a
-closed connection is reopened on the next send. ``native_dedupe`` and its
+connection loss are retryable (one table: ``_errors.ERRORS``). The lifecycle
+is the kit's (:class:`~outrelay.kit.LifecycleTransport`): the client
+reconnects by itself, and its disconnected/reconnected callbacks call
+``connection_lost``/``connection_restored``, so while it reconnects ``send()``
+raises RetryableError at once. When the client gives up (its closed
+callback, for a client this transport did not close itself) the transport
+counts as open again and the next send starts over: it closes and opens
+once for all concurrent senders. ``check()`` opens with ``checking`` set, so
+``create_stream`` creates nothing then. ``native_dedupe`` and its
 window are declared once the stream's duplicate window is known (read from
 stream info at open, or from ``create_stream``); until then they are not.
 """
@@ -69,12 +76,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import nats
-import nats.js.api
+import nats.js.errors
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
@@ -82,6 +88,7 @@ from outrelay.kit import (
     Capabilities,
     Delivered,
     Event,
+    LifecycleTransport,
     Message,
     PermanentError,
     Reader,
@@ -91,29 +98,25 @@ from outrelay.kit import (
     SendResult,
     SubscriptionBackend,
     SubscriptionSpec,
-    Template,
-    Transport,
     UsageError,
-    binary_headers,
     send_chained,
     send_pipelined,
 )
 from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._atomic import send_atomic
 from outrelay.transports.nats._chain import WRONG_LAST_MSG_ID, Chain, server_last_id, server_version
+from outrelay.transports.nats._check import check
+from outrelay.transports.nats._client import Callbacks, close_quietly, connect, drop_unsent, ensure_stream
 from outrelay.transports.nats._config import NatsConfig, StreamSpec, atomic_not_allowed, publish_mode, stream_traits
-from outrelay.transports.nats._connect import connect, drop_unsent
-from outrelay.transports.nats._errors import (
-    classify,
-    mapped,
-    result_for,
-)
+from outrelay.transports.nats._errors import ERRORS, classify, mapped, result_for
+from outrelay.transports.nats._group import NatsGroup
+from outrelay.transports.nats._reader import NatsReader
+from outrelay.transports.nats._subscription import NatsFanout
+from outrelay.transports.nats._wire import encode_headers, invalid_subject
 
 __all__ = ["NatsConfig", "NatsTransport", "StreamSpec", "connect", "drop_unsent"]
 
 log = logging.getLogger("outrelay.transports.nats")
-_WILDCARD = re.compile(r"(^|\.)([*>]|)(\.|$)")
-_WHITESPACE = re.compile(r"\s")
 
 
 _REISSUE_LIMIT = 100_000  # event ids remembered for re-issuing (a few MB at most)
@@ -128,20 +131,21 @@ def _delivered(ack: dict[str, Any]) -> bool:
     return not ack.get("duplicate") or bool(ack.get("seq"))
 
 
-class NatsTransport(Transport):
+class NatsTransport(LifecycleTransport[NatsConfig]):
     """See the module docstring."""
 
     name = "nats"
     Config = NatsConfig
+    errors = ERRORS
+    target_option = "subject"
+    target_segment = "subject"
 
     def __init__(self, config: NatsConfig, *, destination: str = "nats") -> None:
         super().__init__(config, destination=destination)
-        self.cfg: NatsConfig = config
-        self._template = Template(config.subject, where=f"destinations.{destination}.subject", segment="subject")
         self._nc: Client | None = None
         self._acks: AckMux | None = None
-        self._state = "new"
-        self._reopen_lock = asyncio.Lock()
+        self._denied: list[str] = []  # subjects the server refused a publish to (for check)
+        self._start_over = asyncio.Lock()  # one reconnect for all senders after the client gave up
         self._max_bytes = config.max_message_bytes
         spec = config.create_stream
         self._dedupe_window: float | None = spec.duplicate_window if spec else None
@@ -167,9 +171,6 @@ class NatsTransport(Transport):
             subscriptions=True,
         )
 
-    def target(self, event: Event) -> str:
-        return self._template.render(event)
-
     @property
     def pipelined(self) -> bool:
         """Whether sends pipeline a stream's messages (``pipeline``, as decided at the last open)."""
@@ -188,48 +189,72 @@ class NatsTransport(Transport):
 
     # -- lifecycle -----------------------------------------------------------
 
-    async def open(self) -> None:
-        """Connect, create ``create_stream`` if missing, read the dedupe window.
+    async def _open(self) -> None:
+        """Connect, create ``create_stream`` if missing (not when opened for a check, which creates
+        nothing), read the stream's dedupe window and decide the publish mode.
 
         :raises RetryableError: no server reachable (bounded by connect_timeout).
+        :raises PermanentError: refused credentials or certificate, or a stream that cannot take
+            the configured mode (see :meth:`_read_stream_info`).
         """
-        if self._state == "open" and self._nc is not None and not self._nc.is_closed:
-            return
-        was = self._state
-        box: list[AckMux] = []  # the mux the denial callback fails publishes in (made after connecting)
-        nc = await connect(self.cfg, self.destination, on_denied=lambda subject: box and box[0].deny(subject))
-        try:
-            if was == "reconnecting" and self._state == "closed":
-                raise UsageError(f"nats transport {self.destination!r} was closed while reconnecting")
-            js = nc.jetstream(timeout=self.cfg.ack_timeout)
-            if self.cfg.create_stream is not None:
-                await self._ensure_stream(js, self.cfg.create_stream)
-            await self._read_stream_info(js, nc)
-            acks = AckMux(nc)
-            box.append(acks)
-            with mapped("cannot subscribe to the ack inbox", self.destination):
-                await acks.start()
-        except BaseException:
-            await nc.close()
-            raise
+        callbacks = Callbacks(
+            on_denied=self._on_denied,
+            on_lost=self.connection_lost,
+            on_restored=self.connection_restored,
+            on_closed=self._on_closed,
+        )
+        self._nc = nc = await connect(self.cfg, self.destination, callbacks)
+        js = nc.jetstream(timeout=self.cfg.ack_timeout)
+        if self.cfg.create_stream is not None and not self.checking:
+            await ensure_stream(js, self.cfg.create_stream, self.destination)
+        await self._read_stream_info(js, nc)
+        acks = AckMux(nc)
+        with mapped("cannot subscribe to the ack inbox", self.destination):
+            await acks.start()
         # headers travel inside max_payload: keep room for them
         self._max_bytes = min(self.cfg.max_message_bytes, max(1, nc.max_payload - 16 * 1024))
-        self._nc, self._acks, self._state = nc, acks, "open"
+        self._acks = acks
 
-    async def _ensure_stream(self, js: JetStreamContext, spec: StreamSpec) -> None:
-        config = nats.js.api.StreamConfig(
-            name=spec.name,
-            subjects=list(spec.subjects),
-            storage=nats.js.api.StorageType(spec.storage),
-            duplicate_window=spec.duplicate_window,
-            num_replicas=spec.replicas,
-            allow_atomic=spec.allow_atomic or None,  # unset on servers before 2.12, which do not know it
-        )
-        with mapped(f"cannot create stream {spec.name!r}", self.destination):
-            try:
-                await js.stream_info(spec.name)
-            except nats.js.errors.NotFoundError:
-                await js.add_stream(config)
+    async def _close(self) -> None:
+        nc, self._nc, self._acks = self._nc, None, None
+        await close_quietly(nc, self.destination)
+
+    def _on_denied(self, subject: str) -> None:
+        self._denied.append(subject)
+        del self._denied[:-16]
+        if self._acks is not None:
+            self._acks.deny(subject)
+
+    def _on_closed(self, nc: Client) -> None:
+        """``nc`` closed for good: it gave up reconnecting (or someone closed it). Unless it is
+        one we closed ourselves, the next send starts over (:meth:`_connected`); until then the
+        transport counts as open, not reconnecting: nothing reconnects by itself any more."""
+        if nc is self._nc:
+            self.connection_restored()
+
+    async def _connected(self) -> AckMux:
+        """The ack mux of a live client. When the client closed for good, start over (close and
+        open again), once for all concurrent senders.
+
+        :raises RetryableError/PermanentError: opening again failed. :raises UsageError: the
+            transport was closed meanwhile."""
+        acks, nc = self._acks, self._nc
+        if acks is not None and nc is not None and not nc.is_closed:
+            return acks
+        async with self._start_over:
+            if self._acks is None or self._nc is None or self._nc.is_closed:
+                log.info("destination %s: the NATS client gave up reconnecting; connecting again", self.destination)
+                await self._close()
+                try:
+                    await self._open()
+                except BaseException:
+                    await self._close()  # what it half-opened; the next send tries again
+                    raise
+            if self.state == "closed":  # close() ran while we connected: release what we opened
+                await self._close()
+            if self._acks is None:
+                raise UsageError(f"nats transport {self.destination!r} was closed")
+            return self._acks
 
     async def _read_stream_info(self, js: JetStreamContext, nc: Client) -> None:
         """Learn the duplicate window of the stream we publish to, when it is knowable, and decide
@@ -244,7 +269,7 @@ class NatsTransport(Transport):
         traits = {"replicated": False, "refuses": False, "allows_atomic": False}  # until the stream is read
         known = False  # the stream's configuration was read
         try:
-            if name is None and self._template.is_static:
+            if name is None and self._template is not None and self._template.is_static:
                 name = await js.find_stream_name_by_subject(cfg.subject)
             if name is not None:
                 info = await js.stream_info(name)
@@ -280,33 +305,10 @@ class NatsTransport(Transport):
         self._chain = Chain(name) if mode.guarded and name is not None else None
         self._inflight.clear()
 
-    async def close(self) -> None:
-        nc, self._nc, self._acks = self._nc, None, None
-        if self._state in ("open", "reconnecting"):
-            self._state = "closed"
-        if nc is not None and not nc.is_closed:
-            try:
-                await nc.close()
-            except (TimeoutError, nats.errors.Error, OSError) as exc:
-                log.debug("destination %s: close: %s", self.destination, classify(exc)[1])
-
-    async def _ready(self) -> AckMux:
-        if self._state not in ("open", "reconnecting"):
-            raise UsageError(f"nats transport {self.destination!r} is {self._state}, not open")
-        if self._nc is None or self._nc.is_closed:
-            # the client gave up reconnecting (or was closed under us): start over, once for all senders
-            async with self._reopen_lock:
-                if (self._nc is None or self._nc.is_closed) and self._state != "closed":
-                    self._state = "reconnecting"
-                    await self.open()
-        if self._state == "closed" or self._acks is None:
-            raise UsageError(f"nats transport {self.destination!r} was closed")
-        return self._acks
-
     # -- publishing ----------------------------------------------------------
 
-    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
-        acks = await self._ready()
+    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
+        acks = await self._connected()
         # without the order guard a batch (or a round of send_chained) is staged and written as one
         # command; a guarded message is written as it is linked into its chain (see _write)
         flush = acks.flush if self._chain is None else None
@@ -368,19 +370,12 @@ class NatsTransport(Transport):
         size = len(m.event.data)
         if size > self._max_bytes:
             return Rejected(f"message of {size} bytes exceeds max_message_bytes={self._max_bytes}")
-        if _WILDCARD.search(m.target):
-            return Rejected(f"invalid subject {m.target!r}: a message cannot be published to a wildcard or empty token")
-        if _WHITESPACE.search(m.target):  # on the wire it would split the HPUB line (protocol injection)
-            return Rejected(f"invalid subject {m.target!r}: NATS subjects cannot contain whitespace")
-        # the NATS binding: every attribute a ce-* header (ce-datacontenttype too), values percent-encoded
-        headers = binary_headers(m.event, content_type=True, percent=True)
+        invalid = invalid_subject(m.target)
+        if invalid is not None:
+            return Rejected(invalid)
         reissued = self._reissued.get(m.event.id)
-        headers["Nats-Msg-Id"] = m.event.id if reissued is None else f"{m.event.id}.r{reissued}"
-        if m.event.content_type:
-            headers["Content-Type"] = m.event.content_type
-        if self.cfg.expected_stream:
-            headers["Nats-Expected-Stream"] = self.cfg.expected_stream
-        return headers
+        msg_id = m.event.id if reissued is None else f"{m.event.id}.r{reissued}"
+        return encode_headers(m.event, msg_id, self.cfg.expected_stream)
 
     async def _write(self, acks: AckMux, m: Message, headers: dict[str, str]) -> asyncio.Future[dict[str, Any]]:
         """Publish ``m``; with the order guard, as the next link of the chain (see ``_chain.py``).
@@ -481,41 +476,29 @@ class NatsTransport(Transport):
 
     # -- probes --------------------------------------------------------------
 
-    async def check(self) -> str:
+    async def _check(self) -> str:
         """Reachability, a stream bound to the subject, and publish permission (see :mod:`._check`);
         with ``create_stream``, a missing stream is reported as one the relay will create (check
-        creates nothing).
+        creates nothing: :meth:`_open` skips it while :attr:`checking`).
 
         :raises RetryableError: unreachable, or no answer in time.
         :raises PermanentError: no stream, the wrong stream, or publishing denied.
         """
-        from outrelay.transports.nats._check import check
-
-        was = self._state
-        denied: list[str] = []
-        nc = await connect(self.cfg, self.destination, on_denied=denied.append)
-        try:
-            if was == "reconnecting" and self._state == "closed":
-                raise UsageError(f"nats transport {self.destination!r} was closed while reconnecting")
-            probe = self._template.render(Event(type="outrelay.check", stream="check"))
-            return await check(self.cfg, self.destination, nc, probe, denied)
-        finally:
-            await nc.close()
+        nc = self._nc
+        if nc is None or nc.is_closed:
+            raise RetryableError(f"nats transport {self.destination!r}: not connected", destination=self.destination)
+        self._denied.clear()
+        probe = self.target(Event(type="outrelay.check", stream="check"))
+        return await check(self.cfg, self.destination, nc, probe, self._denied)
 
     def reader(self, target: str, **options: Any) -> Reader:
-        from outrelay.transports.nats._reader import NatsReader
-
         return NatsReader(self.cfg, target, destination=self.destination, **options)
 
     def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
-        """A JetStream consumer group or fan-out (see :mod:`outrelay.transports.nats._subscriber`).
+        """A JetStream consumer group or fan-out (see :mod:`outrelay.transports.nats._subscription`).
 
         :raises PermanentError: ``spec.target`` is empty and ``subject`` renders no NATS pattern.
         """
         if spec.group is None:
-            from outrelay.transports.nats._subscriber import NatsFanout
-
-            return NatsFanout(self, spec)
-        from outrelay.transports.nats._group import NatsGroup
-
-        return NatsGroup(self, spec)
+            return NatsFanout(self.cfg, self.destination, spec)
+        return NatsGroup(self.cfg, self.destination, spec)

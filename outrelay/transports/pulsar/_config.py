@@ -1,4 +1,4 @@
-"""Configuration and message mapping of the ``pulsar`` transport (see ``_transport``)."""
+"""Options of the ``pulsar`` transport (see ``_transport``; the message mapping is in ``_wire``)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from outrelay.kit import Event, TransportConfig, binary_headers
+from outrelay.kit import TransportConfig
 
-__all__ = ["PulsarConfig", "properties"]
+__all__ = ["PulsarConfig"]
 
 
 class PulsarConfig(TransportConfig):
@@ -33,11 +33,3 @@ class PulsarConfig(TransportConfig):
     client_log_level: Literal["debug", "info", "warn", "error"] = Field(
         "warn", description="'debug' routes the C++ client's log into logging (slow); others print at that level"
     )
-
-
-def properties(event: Event) -> dict[str, str]:
-    """The message properties for ``event``: ``ce_*`` attributes plus ``content-type``."""
-    props = binary_headers(event, prefix="ce_")
-    if event.content_type:
-        props["content-type"] = event.content_type
-    return props

@@ -9,9 +9,9 @@ message's event timestamp. ``topic`` is a template
 created lazily and kept.
 
 Sends are asynchronous: ``send_async`` callbacks (on the client's I/O
-thread) resolve asyncio futures with ``loop.call_soon_threadsafe``; blocking
+thread) are gathered per batch (:class:`~._client.Acks`); blocking
 calls (producer creation, flush, close) run in a small executor with
-bounded timeouts, so the event loop never blocks and a down broker fails
+bounded timeouts (:class:`~._client.Blocking`), so the event loop never blocks and a down broker fails
 ``open`` with :class:`~outrelay.RetryableError` after ``connect_timeout``.
 Batching is on by default (``batching_max_publish_delay_ms``).
 
@@ -35,153 +35,118 @@ restarts; ``ordered_batches`` is off in this mode. Declare it only when the
 namespace has deduplication enabled (``pulsar-admin namespaces
 set-deduplication --enable``).
 
-TLS: a ``pulsar+ssl://`` URL plus ``tls_trust_certs_file_path``; token
-auth: ``token`` (a secret, never printed).
+Progress: the outcomes that arrived are recorded in the send's progress
+(:func:`~outrelay.kit.current_progress`) when the send returns or is cut, and
+no message is handed to a producer once the relay is stopping.
 
-The C++ client logs to the console at ``client_log_level`` (default
-``warn``); ``debug`` routes every line into the ``outrelay.transports.pulsar``
-logger instead, at about half the throughput (the client calls Python for
-each of its per-message debug lines).
+TLS: a ``pulsar+ssl://`` URL plus ``tls_trust_certs_file_path``; token
+auth: ``token`` (a secret, never printed). The client, its threads and its
+log level: :mod:`._client`; errors: :mod:`._errors`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-import logging
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-
-import pulsar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
 
 from outrelay.kit import (
     Capabilities,
     Delivered,
+    ErrorMap,
     Event,
+    LifecycleTransport,
     Message,
+    Progress,
     Reader,
     Rejected,
     RetryableError,
     RetryLater,
     SendResult,
-    Template,
-    Transport,
     TransportError,
-    UsageError,
+    current_progress,
+    deferred,
+    not_sent,
+    redact,
 )
-from outrelay.transports.pulsar._config import PulsarConfig, properties
-from outrelay.transports.pulsar._errors import Acks, call_blocking, map_pulsar_errors, outcome
+from outrelay.transports.pulsar._client import Acks, Blocking, log, make_client, producer_options
+from outrelay.transports.pulsar._config import PulsarConfig
+from outrelay.transports.pulsar._errors import ERRORS, outcome
+from outrelay.transports.pulsar._reader import PulsarReader
+from outrelay.transports.pulsar._wire import properties
 
 __all__ = ["PulsarConfig", "PulsarTransport"]
 
-log = logging.getLogger("outrelay.transports.pulsar")
 
-
-class PulsarTransport(Transport):
+class PulsarTransport(LifecycleTransport[PulsarConfig]):
     """See the module docstring."""
 
     name = "pulsar"
     Config = PulsarConfig
+    errors: ClassVar[ErrorMap] = ERRORS
+    target_option = "topic"
+    target_segment = "name"
+    target_alphabet = r"A-Za-z0-9._:=\-"
 
     def __init__(self, config: PulsarConfig, *, destination: str = "pulsar") -> None:
         super().__init__(config, destination=destination)
-        self.cfg = config
-        self._template = Template(
-            config.topic, where=f"destinations.{destination}.topic", segment="name", alphabet=r"A-Za-z0-9._:=\-"
-        )
         self.client: Any = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._blocking: Blocking | None = None
         self._named: dict[str, Any] = {}
         self._plain: dict[str, Any] = {}
         self._creating: dict[tuple[str, bool], asyncio.Task[Any]] = {}
         self._highest: dict[str, int] = {}
         self._confirmed: dict[str, set[int]] = {}
-        self._state = "new"
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            ordering_by_key=True,
-            ordered_batches=not self.cfg.deduplication,
-            native_dedupe=self.cfg.deduplication,
-            dedupe_window=None,
-            max_batch_count=1000,
-            max_message_bytes=self.cfg.max_message_bytes,
-            cloudevents_modes=("binary",),
-            reader=True,
-        )
+        dedupe = self.cfg.deduplication
+        return Capabilities(ordering_by_key=True, ordered_batches=not dedupe, native_dedupe=dedupe, dedupe_window=None,
+                            max_batch_count=1000, max_message_bytes=self.cfg.max_message_bytes,
+                            cloudevents_modes=("binary",), reader=True)  # fmt: skip
 
-    def target(self, event: Event) -> str:
-        return self._template.render(event)
-
-    def make_client(self) -> Any:
-        """A ``pulsar.Client`` for this config (does not connect yet)."""
-        c = self.cfg
-        auth = pulsar.AuthenticationToken(c.token.get_secret_value()) if c.token else None
-        return pulsar.Client(
-            c.service_url,
-            authentication=auth,
-            operation_timeout_seconds=max(1, int(c.operation_timeout)),
-            connection_timeout_ms=int(c.connect_timeout * 1000),
-            tls_trust_certs_file_path=c.tls_trust_certs_file_path,
-            tls_allow_insecure_connection=c.tls_allow_insecure_connection,
-            tls_validate_hostname=c.tls_validate_hostname,
-            logger=self._client_logger(),
-        )
-
-    def _client_logger(self) -> Any:
-        # The C++ client calls a Python logger for every DEBUG line (two per message), taking the GIL from its
-        # I/O thread each time and halving throughput; only route into `logging` when asked to.
-        level = self.cfg.client_log_level
-        if level == "debug":
-            return log
-        return pulsar.ConsoleLogger(getattr(pulsar.LoggerLevel, level.capitalize()))
-
-    async def open(self) -> None:
+    async def _open(self) -> None:
         """Create the client; for a static topic, create its producer now."""
-        if self._state == "open":
-            return
-        self._pool = ThreadPoolExecutor(2, thread_name_prefix="outrelay-pulsar")
-        try:
-            with map_pulsar_errors("pulsar client", self.destination):
-                self.client = self.make_client()
-            self._state = "open"
-            if self._template.is_static:
-                await self._producer(self.cfg.topic, named=self.cfg.deduplication)
-        except BaseException:
-            await self.close()
-            self._state = "new"
-            raise
+        cfg = self.cfg
+        self._blocking = Blocking(2, bound=cfg.connect_timeout + cfg.operation_timeout, destination=self.destination)
+        with ERRORS.boundary("pulsar client", destination=self.destination):
+            self.client = make_client(cfg)
+        if self._template is not None and self._template.is_static:
+            with self._hinted(cfg.topic):
+                await self._producer(cfg.topic, named=cfg.deduplication)
 
-    async def _blocking(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        if self._pool is None:
-            raise UsageError(f"pulsar transport {self.destination!r} is {self._state}, not open")
-        bound = self.cfg.connect_timeout + self.cfg.operation_timeout
-        return await call_blocking(self._pool, bound, what, self.destination, fn, *args, **kwargs)
+    @contextlib.contextmanager
+    def _hinted(self, topic: str) -> Iterator[None]:
+        """A failure to get a producer on ``topic``, re-raised with what to check."""
+        try:
+            yield
+        except TransportError as exc:
+            raise type(exc)(
+                f"{exc}; check service_url {redact(self.cfg.service_url)}, the token/TLS settings and that topic "
+                f"{topic} may be produced to",
+                destination=self.destination,
+            ) from exc
+
+    async def _blocking_call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._blocking is None:
+            raise RetryableError(f"{what}: the pulsar transport was closed meanwhile", destination=self.destination)
+        return await self._blocking.call(what, fn, *args, **kwargs)
 
     async def _producer(self, topic: str, *, named: bool) -> Any:
+        """The producer of ``topic`` (created once, concurrent callers share the creation)."""
         cache = self._named if named else self._plain
         if topic in cache:
             return cache[topic]
         key = (topic, named)
         task = self._creating.get(key)
         if task is None:
-            c = self.cfg
-            kwargs: dict[str, Any] = {
-                "send_timeout_millis": int(c.send_timeout * 1000),
-                "batching_enabled": c.batching,
-                "batching_max_messages": c.batching_max_messages,
-                "batching_max_publish_delay_ms": c.batching_max_publish_delay_ms,
-                "max_pending_messages": c.max_pending_messages,
-                "block_if_queue_full": False,
-            }
-            if named:
-                kwargs["producer_name"] = c.producer_name or f"outrelay-{self.destination}"
-            task = asyncio.ensure_future(
-                self._blocking(f"pulsar create producer on {topic}", self.client.create_producer, topic, **kwargs)
+            options = producer_options(self.cfg, self.destination, named=named)
+            create = self._blocking_call(
+                f"pulsar create producer on {topic}", self.client.create_producer, topic, **options
             )
-            self._creating[key] = task
+            task = self._creating[key] = asyncio.ensure_future(create)
         try:
             producer = await asyncio.shield(task)
         finally:
@@ -194,32 +159,49 @@ class PulsarTransport(Transport):
                 self._confirmed[topic] = set()
         return cache[topic]
 
-    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
-        if self._state != "open":
-            raise UsageError(f"pulsar transport {self.destination!r} is {self._state}, not open")
+    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
+        progress = current_progress()
         acks = Acks(asyncio.get_running_loop(), len(batch))
         results: list[SendResult | None] = [None] * len(batch)
         named_seq: dict[int, int] = {}
+        try:
+            await self._submit_all(batch, acks, results, named_seq, progress)
+            await acks.wait()
+        finally:  # returned or cut: every outcome that arrived is kept
+            self._settle(batch, acks.results, results, named_seq)
+            progress.record(batch, results)
+        return [r if r is not None else RetryLater("no outcome recorded") for r in results]
+
+    async def _submit_all(
+        self,
+        batch: Sequence[Message],
+        acks: Acks,
+        results: list[SendResult | None],
+        named_seq: dict[int, int],
+        progress: Progress,
+    ) -> None:
+        """Hand every message to its producer in batch order; what cannot go gets its result at once."""
         failed_keys: set[str] = set()
         # A producer that cannot be created fails its topic's other messages at once, not one timeout each.
         failed_topics: dict[str, SendResult] = {}
+        limit = self.cfg.max_message_bytes
         for i, m in enumerate(batch):
             early: SendResult | None = None
             if m.key in failed_keys:
-                early = RetryLater("an earlier message with this key failed")
+                early = not_sent(m.key)
+            elif not progress.may_start():
+                early = deferred(progress)
             elif m.target in failed_topics:
                 early = failed_topics[m.target]
-            elif len(m.event.data) > self.cfg.max_message_bytes:
-                early = Rejected(
-                    f"event data of {len(m.event.data)} bytes exceeds max_message_bytes={self.cfg.max_message_bytes}"
-                )
+            elif len(m.event.data) > limit:
+                early = Rejected(f"event data of {len(m.event.data)} bytes exceeds max_message_bytes={limit}")
             else:
                 try:
                     early, seq = await self._submit(m, functools.partial(acks.done, i))
                     if seq is not None:
                         named_seq[i] = seq
                 except TransportError as exc:
-                    early = RetryLater(str(exc)) if isinstance(exc, RetryableError) else Rejected(str(exc))
+                    early = ERRORS.result(exc)
                     if m.target not in self._named and m.target not in self._plain:
                         failed_topics[m.target] = early
             if early is not None:
@@ -227,15 +209,16 @@ class PulsarTransport(Transport):
                 if not isinstance(early, Delivered):
                     failed_keys.add(m.key)
                 acks.done(i, None, None)
-        raw = await acks.wait()
-        out: list[SendResult] = []
-        for i, (m, r) in enumerate(zip(batch, results, strict=True)):
-            if r is None:
-                r = outcome(raw[i])
-                if i in named_seq and isinstance(r, Delivered):
-                    self._remember(m.target, named_seq[i])
-            out.append(r)
-        return out
+
+    def _settle(
+        self, batch: Sequence[Message], raw: list[Any], results: list[SendResult | None], named_seq: dict[int, int]
+    ) -> None:
+        """Fill ``results`` from the callbacks that arrived; remember the confirmed sequence ids."""
+        for i, r in enumerate(raw):
+            if results[i] is None and r is not None:
+                results[i] = done = outcome(r)
+                if i in named_seq and isinstance(done, Delivered):
+                    self._remember(batch[i].target, named_seq[i])
 
     async def _submit(self, m: Message, callback: Any) -> tuple[SendResult | None, int | None]:
         """Hand ``m`` to a producer; returns (an immediate result or None, the sequence id if named)."""
@@ -257,7 +240,7 @@ class PulsarTransport(Transport):
         }
         if named:
             kwargs["sequence_id"] = seq
-        with map_pulsar_errors(f"pulsar send to {m.target}", self.destination):
+        with ERRORS.boundary(f"pulsar send to {m.target}", destination=self.destination):
             producer.send_async(m.event.data, callback, **kwargs)
         return None, seq if named else None
 
@@ -268,47 +251,29 @@ class PulsarTransport(Transport):
                 confirmed.clear()
             confirmed.add(seq)
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         producers = [*self._named.values(), *self._plain.values()]
         self._named.clear()
         self._plain.clear()
         client, self.client = self.client, None
-        if self._pool is not None:
-            for p in producers:
+        blocking, self._blocking = self._blocking, None
+        if blocking is None:
+            return
+        for what, obj in [*(("pulsar close producer", p) for p in producers), ("pulsar close client", client)]:
+            if obj is not None:
                 try:
-                    await self._blocking("pulsar close producer", p.close)
+                    await blocking.call(what, obj.close)
                 except TransportError as exc:
                     log.warning("pulsar: %s", exc)
-            if client is not None:
-                try:
-                    await self._blocking("pulsar close client", client.close)
-                except TransportError as exc:
-                    log.warning("pulsar: %s", exc)
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-        if self._state == "open":
-            self._state = "closed"
+        blocking.shutdown()
 
-    async def check(self) -> str:
+    async def _check(self) -> str:
         """One line: the broker accepted a producer on the (rendered) topic."""
         topic = self.target(Event(type="check", stream="check"))
-        was_open = self._state == "open"
-        try:
-            if not was_open:
-                await self.open()
+        with self._hinted(topic):
             await self._producer(topic, named=self.cfg.deduplication)
-        except TransportError as exc:
-            raise type(exc)(
-                f"{exc}; check service_url {self.cfg.service_url}, the token/TLS settings and that topic {topic} "
-                "may be produced to",
-                destination=self.destination,
-            ) from exc
-        finally:
-            if not was_open:
-                await self.close()
-        return f"pulsar {self.cfg.service_url}: producer on {topic} accepted"
+        return f"pulsar {redact(self.cfg.service_url)}: producer on {topic} accepted"
 
     def reader(self, target: str, **options: Any) -> Reader:
-        from outrelay.transports.pulsar._reader import PulsarReader
-
-        return PulsarReader(self, target, **options)
+        """An exclusive-subscription reader of ``target`` (option: ``subscription``)."""
+        return PulsarReader(self.cfg, target, destination=self.destination, **options)

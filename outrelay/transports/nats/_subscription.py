@@ -49,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import re
 import zlib
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 import nats.errors
 import nats.js.api
@@ -68,18 +68,12 @@ from outrelay.kit import (
     UsageError,
     no_ack,
 )
-from outrelay.transports.nats._errors import classify, mapped
-from outrelay.transports.nats._reader import decode
-
-if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-    from outrelay.transports.nats._transport import NatsTransport
+from outrelay.transports.nats._client import connect, ensure_stream
+from outrelay.transports.nats._config import NatsConfig, derive_target
+from outrelay.transports.nats._errors import ERRORS, mapped
+from outrelay.transports.nats._wire import decode
 
 __all__ = ["NatsBackend", "NatsFanout", "derive_target", "fetch_ready", "inbound", "stream_of"]
-
-_PLACEHOLDER = re.compile(r"\{[a-z]+\}")
-
 
 #: how long the "what is waiting now" probe may take before we block for the next message instead
 _PROBE = 0.01
@@ -99,27 +93,6 @@ async def fetch_ready(sub: JetStreamContext.PullSubscription, batch: int, wait: 
     except TimeoutError:
         pass
     return await sub.fetch(batch=1, timeout=wait)
-
-
-def derive_target(subject: str, *, destination: str) -> str:
-    """The wildcard covering every subject the ``subject`` template renders.
-
-    :raises PermanentError: a placeholder shares a token with literal text.
-    """
-    tokens = subject.split(".")
-    out: list[str] = []
-    for i, token in enumerate(tokens):
-        if "{" not in token:
-            out.append(token)
-        elif _PLACEHOLDER.fullmatch(token):
-            out.append(">" if i == len(tokens) - 1 else "*")
-        else:
-            raise PermanentError(
-                f"subject {subject!r}: token {token!r} mixes a placeholder with text, which no NATS wildcard "
-                "can match; give the subscription an explicit target (a subject or wildcard)",
-                destination=destination,
-            )
-    return ".".join(out)
 
 
 def stream_of(msg: Msg) -> str:
@@ -154,11 +127,10 @@ def sanitize(name: str) -> str:
 class NatsBackend(SubscriptionBackend):
     """Connection, stream lookup and reconnect shared by the fan-out and group backends."""
 
-    def __init__(self, transport: NatsTransport, spec: SubscriptionSpec) -> None:
+    def __init__(self, cfg: NatsConfig, destination: str, spec: SubscriptionSpec) -> None:
         super().__init__(spec)
-        self.transport = transport
-        self.cfg = transport.cfg
-        self.destination = transport.destination
+        self.cfg = cfg
+        self.destination = destination
         self.target = spec.target or derive_target(self.cfg.subject, destination=self.destination)
         self.stream = ""
         self._nc: Client | None = None
@@ -166,19 +138,15 @@ class NatsBackend(SubscriptionBackend):
         self._state = "new"  # new | started | stopped
 
     def _error(self, what: str, exc: BaseException) -> TransportError:
-        retryable, message = classify(exc)
-        cls = RetryableError if retryable else PermanentError
-        return cls(f"subscription to {self.target!r}: {what}: {message}", destination=self.destination)
+        return ERRORS.error(exc, f"subscription to {self.target!r}: {what}", destination=self.destination)
 
     async def _connect(self) -> JetStreamContext:
         """Connect and find the stream. :raises RetryableError/PermanentError:"""
-        from outrelay.transports.nats._connect import connect
-
         nc = await connect(self.cfg, self.destination)
         js = nc.jetstream(timeout=self.cfg.ack_timeout)
         try:
             if self.cfg.create_stream is not None:
-                await self.transport._ensure_stream(js, self.cfg.create_stream)
+                await ensure_stream(js, self.cfg.create_stream, self.destination)
             if not self.stream:
                 self.stream = await self._find_stream(js)
         except BaseException:
@@ -186,6 +154,18 @@ class NatsBackend(SubscriptionBackend):
             raise
         self._nc, self._js = nc, js
         return js
+
+    async def _start(self, setup: Callable[[], Awaitable[None]]) -> None:
+        """Connect, then ``setup()`` the consumers (the connection is closed again if that fails).
+
+        :raises RetryableError/PermanentError: from connecting or from ``setup``."""
+        await self._connect()
+        try:
+            await setup()
+        except BaseException:
+            await self._close_connection()
+            raise
+        self._state = "started"
 
     async def _find_stream(self, js: JetStreamContext) -> str:
         name = self.cfg.expected_stream or (self.cfg.create_stream.name if self.cfg.create_stream else None)
@@ -230,8 +210,8 @@ class NatsBackend(SubscriptionBackend):
 class NatsFanout(NatsBackend):
     """Fan-out: an ephemeral pull consumer per subscriber (see the module docstring)."""
 
-    def __init__(self, transport: NatsTransport, spec: SubscriptionSpec) -> None:
-        super().__init__(transport, spec)
+    def __init__(self, cfg: NatsConfig, destination: str, spec: SubscriptionSpec) -> None:
+        super().__init__(cfg, destination, spec)
         self._sub: JetStreamContext.PullSubscription | None = None
         self._consumer = ""
         self._last_seq: int | None = None  # stream sequence of the last message handed on
@@ -240,13 +220,7 @@ class NatsFanout(NatsBackend):
     async def start(self) -> None:
         if self._state != "new":
             raise UsageError(f"{self!r} was already started")
-        await self._connect()
-        try:
-            await self._attach()
-        except BaseException:
-            await self._close_connection()
-            raise
-        self._state = "started"
+        await self._start(self._attach)
 
     async def _attach(self) -> None:
         """Create the consumer: new messages, or those after ``_last_seq`` when re-attaching."""

@@ -78,10 +78,11 @@ from outrelay.kit import (
     SubscriptionSpec,
     Template,
 )
+from outrelay.transports.kafka._client import client_options, partitions, seek_all
 from outrelay.transports.kafka._config import TOPIC_RE, KafkaConfig
-from outrelay.transports.kafka._errors import describe, map_kafka_errors
+from outrelay.transports.kafka._errors import ERRORS, describe
 from outrelay.transports.kafka._offsets import PartitionTrack
-from outrelay.transports.kafka._reader import decode
+from outrelay.transports.kafka._wire import decode
 
 __all__ = ["KafkaSubscription", "subscription_for"]
 
@@ -145,8 +146,6 @@ class KafkaSubscription(SubscriptionBackend):
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from outrelay.transports.kafka._transport import client_options
-
         spec, cfg, group = self.spec, self.cfg, self.spec.group
         session_ms = int(spec.claim_timeout * 1000)
         options: dict[str, Any] = {
@@ -168,21 +167,18 @@ class KafkaSubscription(SubscriptionBackend):
         # a restarted backend starts from scratch: a fresh assignment, nothing outstanding
         self._assigned.clear()
         self._tracks, self._unacked = {}, 0
-        with map_kafka_errors(f"subscribe to {spec.target!r} on {','.join(cfg.servers)}", self.destination):
+        where = f"{self._where}: subscribe on {','.join(cfg.servers)}"
+        with ERRORS.boundary(where, destination=self.destination):
             consumer = AIOKafkaConsumer(**options)
             try:
-                await asyncio.wait_for(consumer.start(), cfg.connect_timeout)
+                async with asyncio.timeout(cfg.connect_timeout):
+                    await consumer.start()
                 # metadata first: auto-creates the topic where the broker allows, fails fast where not
-                parts = await asyncio.wait_for(consumer._client._wait_on_metadata(spec.target), cfg.connect_timeout)
+                parts = await partitions(consumer, spec.target, cfg.connect_timeout)
                 if group is None:
-                    assigned = [TopicPartition(spec.target, p) for p in sorted(parts)]
+                    assigned = [TopicPartition(spec.target, p) for p in parts]
                     consumer.assign(assigned)
-                    if spec.from_beginning:
-                        await consumer.seek_to_beginning(*assigned)
-                    else:
-                        await consumer.seek_to_end(*assigned)
-                    for tp in assigned:
-                        await consumer.position(tp)
+                    await seek_all(consumer, assigned, from_beginning=spec.from_beginning, to_end=True)
                 else:
                     consumer.subscribe([spec.target], listener=_Listener(self))
                     self._consumer = consumer
@@ -214,13 +210,15 @@ class KafkaSubscription(SubscriptionBackend):
                     "not committed); is the broker reachable?"
                 )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._assigned.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._assigned.wait()
             if not self._assigned.is_set():
                 continue
             tracks = dict(self._tracks)
             try:
                 for tp, track in tracks.items():
-                    position = await asyncio.wait_for(consumer.position(tp), max(0.1, deadline - loop.time()))
+                    async with asyncio.timeout(max(0.1, deadline - loop.time())):
+                        position = await consumer.position(tp)
                     if track.commit_to is None:
                         track.commit_to = position
                 await self._commit(tracks, within=max(0.1, deadline - loop.time()))
@@ -251,7 +249,8 @@ class KafkaSubscription(SubscriptionBackend):
         answering must not hold ``stop`` (or a failed ``start``) forever. Then what aiokafka's stop left
         running is torn down without the broker (:func:`_abandon`)."""
         try:
-            await asyncio.wait_for(consumer.stop(), self.cfg.request_timeout)
+            async with asyncio.timeout(self.cfg.request_timeout):
+                await consumer.stop()
         except Exception:  # stopping: nothing useful to report
             await _abandon(consumer)
 
@@ -266,7 +265,7 @@ class KafkaSubscription(SubscriptionBackend):
         deadline = loop.time() + timeout
         out: list[Inbound] = []
         grouped = self.spec.group is not None
-        with map_kafka_errors(f"consume {self.spec.target!r}", self.destination):
+        with ERRORS.boundary(f"{self._where}: consume", destination=self.destination):
             while not out and self._consumer is current:
                 left = deadline - loop.time()
                 if left <= 0:
@@ -275,7 +274,8 @@ class KafkaSubscription(SubscriptionBackend):
                 if room <= 0:  # the prefetch window is full: wait for an ack
                     self._acked.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._acked.wait(), left)
+                        async with asyncio.timeout(left):
+                            await self._acked.wait()
                     continue
                 timeout_ms = int(min(left, 0.5) * 1000)
                 batches = await consumer.getmany(timeout_ms=timeout_ms, max_records=min(room, RECEIVE_CHUNK))
@@ -319,7 +319,8 @@ class KafkaSubscription(SubscriptionBackend):
             return
         self._last_probe = loop.time()
         try:
-            await asyncio.wait_for(consumer.topics(), self.cfg.connect_timeout)
+            async with asyncio.timeout(self.cfg.connect_timeout):
+                await consumer.topics()
         except Exception as exc:
             raise RetryableError(
                 f"{self._where}: no broker of {','.join(self.cfg.servers)} answers ({describe(exc)}); "
@@ -344,7 +345,8 @@ class KafkaSubscription(SubscriptionBackend):
         todo = {tp: t.commit_to for tp, t in tracks.items() if t.dirty}
         if consumer is None or not todo:
             return
-        await asyncio.wait_for(consumer.commit(todo), self.cfg.request_timeout if within is None else within)
+        async with asyncio.timeout(self.cfg.request_timeout if within is None else within):
+            await consumer.commit(todo)
         for tp, offset in todo.items():
             tracks[tp].committed = offset
 
@@ -356,7 +358,8 @@ class KafkaSubscription(SubscriptionBackend):
         while any(t.outstanding for t in tracks.values()) and (left := deadline - loop.time()) > 0:
             self._acked.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._acked.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._acked.wait()
         for tp, track in tracks.items():
             track.live = False
             self._unacked -= track.outstanding
@@ -389,7 +392,8 @@ async def _abandon(consumer: AIOKafkaConsumer) -> None:
     for part in (getattr(consumer, "_fetcher", None), getattr(consumer, "_client", None)):
         if part is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(part.close(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await part.close()
 
 
 class _Record(Inbound):
