@@ -1,7 +1,7 @@
 """PostgreSQL outbox against SQLite outbox, relayed into the memory transport.
 
     python benchmarks/bench_postgres_vs_sqlite.py [--count 50000] [--streams 100] [--size 1024]
-        [--rounds 1] [--profile FILE]
+        [--rounds 1] [--profile FILE] [--attempts on|off]
 
 The same ``--count`` events are appended (untimed) to a fresh SQLite file and
 to a fresh PostgreSQL schema, then each is drained by ``Relay(drain=True)``
@@ -17,7 +17,8 @@ process on the host (information: the WAL writer and checkpointer work for
 the relay too, but other clients of the server count there as well).
 
 Several relay processes on one PostgreSQL outbox: ``bench_postgres_relays.py``.
-``--profile FILE`` writes a cProfile of the PostgreSQL drain.
+``--profile FILE`` writes a cProfile of the PostgreSQL drain. ``--attempts off`` turns
+the delivery-attempt log off (``[attempts] enabled = false``; on by default, as in a relay).
 Uses ``OUTRELAY_POSTGRES_URL`` (default postgresql://postgres@127.0.0.1/test).
 """
 
@@ -40,6 +41,8 @@ from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.transports.memory import MemoryTransport
 
 URL = os.environ.get("OUTRELAY_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test").split("?", 1)[0]
+#: ``[attempts] enabled`` of the drained relays (``--attempts``)
+ATTEMPTS = {"enabled": True}
 
 
 def config(url: str, broker: str) -> object:
@@ -48,6 +51,7 @@ def config(url: str, broker: str) -> object:
             "outbox": {"url": url},
             "relay": {"poll_interval": 0.2, "route_batch": 2000, "drain_retry_bound": 5},
             "destinations": {"mem": {"transport": "memory", "broker": broker, "batch_size": 1000}},
+            "attempts": ATTEMPTS,
         }
     )
 
@@ -159,7 +163,9 @@ def main() -> None:
     ap.add_argument("--mode", choices=("compare",), default="compare", help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=1, help="compare: repeat the pair and print the median ratio")
     ap.add_argument("--profile", help="write a cProfile of the PostgreSQL drain here")
+    ap.add_argument("--attempts", choices=("on", "off"), default="on", help="the delivery-attempt log")
     args = ap.parse_args()
+    ATTEMPTS["enabled"] = args.attempts == "on"
     compare(args.count, args.streams, args.size, args.profile, args.rounds)
 
 

@@ -34,6 +34,7 @@ NOTES: dict[str, dict[str, str]] = {
         "event_log": "the `[event_log]` table: one log line per published event on the `outrelay.events` "
         "logger (see docs/observability.md)",
         "audit": "the `[audit]` table: the tamper-evident audit chain (see docs/audit.md)",
+        "attempts": "the `[attempts]` table: the delivery-attempt log (see docs/attempts.md)",
         "tracing": "the `[tracing]` table: OpenTelemetry spans and W3C trace context on every event "
         "(off by default; see docs/tracing.md)",
         "crypto": "the `[crypto]` table: AES-256-GCM payload encryption with `keys` (name = `env:VAR` or "

@@ -24,6 +24,7 @@ from outrelay.cli._doc_format import bounds, bullets, default, doc, rst_to_md, t
 from outrelay.cli._option_notes import NOTES
 from outrelay.core import templates
 from outrelay.core.config import (
+    AttemptsConfig,
     AuditConfig,
     BreakerConfig,
     BusConfig,
@@ -52,6 +53,7 @@ _CORE: list[tuple[str, type[BaseModel], str]] = [
     ("[event_log]", EventLogConfig, "Event logs: one structured line per published event (docs/observability.md)."),
     ("[tracing]", TracingConfig, "OpenTelemetry tracing (docs/tracing.md)."),
     ("[audit]", AuditConfig, "The tamper-evident audit chain (docs/audit.md)."),
+    ("[attempts]", AttemptsConfig, "The delivery-attempt log (docs/attempts.md)."),
     ("[crypto]", CryptoConfig, "Payload encryption (docs/encryption.md)."),
     ("[[crypto.rules]]", CryptoRule, "Which events are encrypted, and for which destinations."),
     ("[destinations.NAME]", DestinationConfig, ""),

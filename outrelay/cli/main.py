@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
     from click import exceptions as cx  # type: ignore[no-redef]
 
 from outrelay._version import __version__
-from outrelay.cli import audit, check, commands, config_cmd, dlq, ops, status
+from outrelay.cli import attempts, audit, check, commands, config_cmd, dlq, ops, status
 from outrelay.cli._common import err_console, error_line, quiet_stdout
 from outrelay.core.errors import ConfigError, EventError, OutrelayError
 
@@ -65,6 +65,7 @@ commands.register(app)
 check.register(app)
 status.register(app)
 ops.register(app)
+attempts.register(app)
 app.add_typer(dlq.app, name="dlq")
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(audit.app, name="audit")

@@ -203,12 +203,30 @@ def status(
 
 
 def retry(
-    destination: str = typer.Option(..., "--destination", "-d", help="The destination whose retries to run now."),
+    destination: str | None = typer.Option(
+        None, "--destination", "-d", help="The destination whose retries to run now (with --event: only to it)."
+    ),
     stream: str | None = typer.Option(None, "--stream", "-s", help="Only this stream (default: all)."),
+    event: str | None = typer.Option(
+        None, "--event", "-e", help="Send this one event again now: from backoff, dead-lettered or parked."
+    ),
+    redeliver: bool = typer.Option(
+        False, "--redeliver", help="With --event and --destination: queue it again even if delivered there."
+    ),
     config: Path | None = ConfigOption,
 ) -> None:
-    """Make due now what waits for a retry backoff; a running relay sends it at its next poll."""
+    """Make due now what waits for a retry backoff; a running relay sends it at its next poll.
+    With --event, send that one event again (docs/attempts.md)."""
     cfg = load(config)
+    if event is not None:
+        from outrelay.cli.attempts import retry_event
+
+        if stream is not None:
+            raise ConfigError("--event and --stream do not go together (the event names its stream)")
+        retry_event(cfg, event, destination, redeliver)
+        return
+    if destination is None:
+        raise ConfigError("give --destination D (its retries run now) or --event ID (that event is sent again)")
     if destination not in cfg.destinations:
         known = ", ".join(sorted(cfg.destinations)) or "none"
         raise ConfigError(f"unknown destination {destination!r}; configured: {known}")

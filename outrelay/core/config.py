@@ -48,6 +48,7 @@ from outrelay.core.endpoints import endpoint_problem
 from outrelay.core.errors import ConfigError
 
 __all__ = [
+    "AttemptsConfig",
     "AuditConfig",
     "BreakerConfig",
     "BusConfig",
@@ -337,6 +338,31 @@ class AuditConfig(_Frozen):
         return v
 
 
+class AttemptsConfig(_Frozen):
+    """The ``[attempts]`` table: the delivery-attempt log (see :mod:`outrelay.core.attempts`).
+
+    One row per attempt of an event to a destination, written in the settle
+    transaction; ``outrelay attempts`` reads it, ``outrelay retry`` re-sends one event.
+    """
+
+    enabled: bool = Field(
+        True,
+        description="record every delivery attempt (time, outcome, latency, the transport's detail) in the "
+        "outbox table `outrelay_attempts`; false writes nothing and costs nothing",
+    )
+    keep_days: float | None = Field(
+        7.0, gt=0, description="the relay deletes attempts older than this many days; None keeps them by age"
+    )
+    keep_per_event: int | None = Field(
+        20,
+        ge=1,
+        description="at most this many attempts are kept per event and destination (the newest); None: no limit",
+    )
+    detail_bytes: int = Field(
+        512, ge=0, le=65536, description="a transport's detail (e.g. a webhook's answer excerpt) is cut to this size"
+    )
+
+
 class TracingConfig(_Frozen):
     """The ``[tracing]`` table: OpenTelemetry spans (``outrelay[otel]``, see
     :mod:`outrelay.plugins.otel` and docs/tracing.md). Off by default (costs nothing then)."""
@@ -448,6 +474,7 @@ class OutrelayConfig(_Frozen):
     bus: BusConfig = BusConfig()
     event_log: EventLogConfig = EventLogConfig()
     audit: AuditConfig = AuditConfig()
+    attempts: AttemptsConfig = AttemptsConfig()
     tracing: TracingConfig = TracingConfig()
     crypto: CryptoConfig | None = None
     destinations: dict[str, DestinationConfig] = Field(default_factory=dict)

@@ -31,7 +31,7 @@ from outrelay.core.errors import PermanentError, RetryableError, StoreError, Usa
 from outrelay.core.progress import Progress, sending
 from outrelay.core.retry import backoff_delay
 from outrelay.core.segments import RejectedTarget
-from outrelay.core.stores.base import Claimed, SettleKind, Settlement
+from outrelay.core.stores.base import Attempt, Claimed, SettleKind, Settlement
 from outrelay.core.transport import Delivered, Message, NotSent, Rejected, RetryLater, SendResult, Transport
 
 if TYPE_CHECKING:
@@ -341,10 +341,15 @@ class DestinationWorker:
             # the breaker counts the outcomes; a probe's failure settles as held (not an attempt)
             planned = results if self.breaker is None else self.breaker.outcomes(results, probe=probe, now=now)
             settlements, disable = self._plan(claimed, planned, now)
+            logged = (  # the delivery-attempt log's rows, written by the settle below
+                None
+                if self.relay.attempt_log is None
+                else self.relay.attempt_log.mark(self.name, claimed, results, settlements, sent_at, elapsed)
+            )
             if disable is not None:  # stop claiming before the settle below releases the lanes
                 self.disabled = disable
                 self._disable_version += 1
-            await self._settle(settlements, now)
+            await self._settle(settlements, now, logged)
             settled = True
             # a message not attempted (NotSent) is no failure: it waits for the next claim as it was
             failures = [r for r in results if not isinstance(r, Delivered | NotSent)]
@@ -481,13 +486,15 @@ class DestinationWorker:
         elif not timed_out and not failures and self.per_lane < self.max_per_lane:
             self.per_lane += 1
 
-    async def _settle(self, settlements: list[Settlement], now: float) -> None:
+    async def _settle(self, settlements: list[Settlement], now: float, logged: list[Attempt] | None = None) -> None:
         """Settle, retrying while the outbox is unavailable: this relay keeps the
-        lanes leased meanwhile (renewed), so no other claim sends them again."""
+        lanes leased meanwhile (renewed), so no other claim sends them again.
+        ``logged``: the delivery-attempt log's rows, written in the settle's transaction."""
         delay = 0.2
+        extra = {"attempts": logged} if logged else {}  # only a store that keeps the log is given any
         while True:
             try:
-                await self.relay.db(self.relay.store.settle, self.name, self.relay.owner, settlements, now)
+                await self.relay.db(self.relay.store.settle, self.name, self.relay.owner, settlements, now, **extra)
                 return
             except StoreError as exc:
                 if self.relay.stopping:

@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from outrelay.core import audit
+from outrelay.core.attempts import AttemptLog, AttemptStore
 from outrelay.core.budget import ByteBudget
 from outrelay.core.config import DestinationConfig, OutrelayConfig
 from outrelay.core.destination import DestinationWorker
@@ -144,6 +145,12 @@ class Relay:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         #: the audit chain this relay records in (``[audit] enabled``), else None
         self.audit = audit.enable(self.store, self.config, f"relay:{self.owner}") if self.config.audit.enabled else None
+        #: the delivery-attempt log (``[attempts] enabled``), else None; the store then records it
+        self.attempt_log = AttemptLog(self.config.attempts) if self.config.attempts.enabled else None
+        if isinstance(self.store, AttemptStore):
+            self.store.attempts_keep = self.config.attempts.keep_per_event
+        else:
+            self.attempt_log = None
         self.stopping = False
         self._running = False
         self._route_wake: asyncio.Event | None = None
@@ -318,6 +325,9 @@ class Relay:
         if drain:
             tasks.append(asyncio.create_task(self._drain_monitor()))
         renewer = asyncio.create_task(self._lease_loop(), name="outrelay-leases")
+        pruner = None  # the attempt log's retention: not awaited at stop (it sleeps a minute between rounds)
+        if self.attempt_log is not None and self.config.attempts.keep_days is not None:
+            pruner = asyncio.create_task(self._attempts_retention_loop(), name="outrelay-attempts")
         self.hook.outrelay_relay_started(relay=self)
         status: list[DestinationStatus] = []
         try:
@@ -334,6 +344,9 @@ class Relay:
             grace = self.config.relay.shutdown_grace
             await asyncio.gather(*(w.drain_inflight(grace, STOP_STEP) for w in self.workers.values()))
             renewer.cancel()  # after the grace: batches finishing in it keep their leases
+            if pruner is not None:
+                pruner.cancel()
+                await asyncio.gather(pruner, return_exceptions=True)
             await asyncio.gather(*(self._close_transport(w) for w in self.workers.values()))
             unsubscribe()
             unlisten()
@@ -446,6 +459,23 @@ class Relay:
                     days,
                     keep,
                 )
+            await asyncio.sleep(interval)
+
+    async def _attempts_retention_loop(self) -> None:
+        """Delete logged attempts older than ``[attempts] keep_days`` every
+        :attr:`retention_interval` seconds, :attr:`retention_batch` rows per transaction."""
+        interval, batch = self.retention_interval, self.retention_batch
+        store = self.store
+        assert isinstance(store, AttemptStore) and self.config.attempts.keep_days is not None
+        days = self.config.attempts.keep_days
+        while not self.stopping:
+            try:
+                while not self.stopping:
+                    if await self.db(store.prune_attempts, time.time() - days * 86400, batch=batch) < batch:
+                        break
+                    await asyncio.sleep(0.01)  # let the destinations' settles in
+            except StoreError as exc:  # the log can wait for the next round
+                log.warning("attempt log retention failed (%s); retrying in %.0fs", exc, interval)
             await asyncio.sleep(interval)
 
     async def _drain_monitor(self) -> None:

@@ -60,6 +60,7 @@ from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 __all__ = [
     "Capabilities",
     "Delivered",
+    "Detail",
     "Message",
     "NotSent",
     "Reader",
@@ -70,6 +71,10 @@ __all__ = [
     "Transport",
     "TransportConfig",
 ]
+
+
+#: a send result's ``detail``: a short string, a small mapping of JSON values, or None
+Detail = str | Mapping[str, Any] | None
 
 
 class TransportConfig(BaseModel):
@@ -124,7 +129,15 @@ class Message:
 
 
 class SendResult:
-    """Base of the three per-message outcomes."""
+    """Base of the three per-message outcomes.
+
+    Each may carry a ``detail``: what the transport learnt about this attempt,
+    for the delivery-attempt log (``outrelay attempts``) — a short string or a
+    small mapping of JSON values (webhook: ``{"status": 500, "body": "..."}``
+    with a bounded excerpt; a broker: its error code). Optional (default
+    None), never part of equality, never a secret; the relay bounds what it
+    keeps (see :mod:`outrelay.core.attempts`).
+    """
 
     __slots__ = ()
 
@@ -134,6 +147,7 @@ class Delivered(SendResult):
     """The broker confirmed the message (``duplicate``: it already had it)."""
 
     duplicate: bool = False
+    detail: Detail = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,6 +156,7 @@ class RetryLater(SendResult):
 
     error: str
     retry_after: float | None = None
+    detail: Detail = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -162,6 +177,7 @@ class Rejected(SendResult):
 
     reason: str
     disable_destination: bool = False
+    detail: Detail = dataclasses.field(default=None, compare=False)
 
 
 class Transport(ABC):

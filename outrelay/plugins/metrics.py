@@ -14,6 +14,8 @@ Relay metrics (all labelled by ``destination``)::
                                       unsent, behind a failed one of its stream is not counted)
     outrelay_batch_seconds            histogram of send() durations
     outrelay_delivery_latency_seconds histogram, per confirmed message: event time -> broker ack
+    outrelay_attempt_seconds{outcome} histogram, per attempted message: the duration of the send
+                                      it was part of; outcome delivered | retry | rejected
     outrelay_pending                  deliveries not yet done (queue depth)
     outrelay_dead_letters             dead letters waiting for an operator
     outrelay_oldest_pending_seconds   age of the oldest pending delivery
@@ -84,6 +86,9 @@ class Metrics:
         self.seconds_sum: dict[str, float] = defaultdict(float)
         self.latency: dict[str, list[int]] = defaultdict(lambda: [0] * (len(_LATENCY_BUCKETS) + 1))
         self.latency_sum: dict[str, float] = defaultdict(float)
+        #: (destination, outcome) -> bucket counts / sum of the attempt-latency histogram
+        self.attempts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0] * (len(_LATENCY_BUCKETS) + 1))
+        self.attempts_sum: dict[tuple[str, str], float] = defaultdict(float)
         self.breaker_open: dict[str, int] = {}
         self.breaker_transitions: dict[tuple[str, str], int] = defaultdict(int)
         self._watched: list[Any] = []
@@ -100,8 +105,10 @@ class Metrics:
     ) -> None:
         acked = timeline[3]  # send done: the broker's confirmation arrived
         latency, lat_sum = self.latency[destination], 0.0
+        delivered = retried = rejected = 0
         for m, r in zip(messages, results, strict=True):
             if isinstance(r, Delivered):
+                delivered += 1
                 self.published[destination] += 1
                 self.duplicates[destination] += int(r.duplicate)
                 seconds = max(0.0, acked - m.event.time.timestamp())
@@ -109,10 +116,18 @@ class Metrics:
                 lat_sum += seconds
             elif isinstance(r, RetryLater):
                 if not was_not_sent(r):  # held back behind a failed one of its stream: never attempted
-                    self.failed[(destination, "retry")] += 1
+                    retried += 1
             elif isinstance(r, Rejected):
-                self.failed[(destination, "rejected")] += 1
+                rejected += 1
         self.latency_sum[destination] += lat_sum
+        slot = bisect.bisect_left(_LATENCY_BUCKETS, elapsed)
+        for outcome, count in (("delivered", delivered), ("retry", retried), ("rejected", rejected)):
+            if count:
+                if outcome != "delivered":
+                    self.failed[(destination, outcome)] += count
+                key = (destination, outcome)
+                self.attempts[key][slot] += count
+                self.attempts_sum[key] += elapsed * count
         self.buckets[destination][bisect.bisect_left(_BUCKETS, elapsed)] += 1
         self.seconds_sum[destination] += elapsed
 
@@ -173,6 +188,16 @@ class Metrics:
         for d, counts in sorted(self.latency.items()):
             labels = f'destination="{d}"'
             _histogram(out, "outrelay_delivery_latency_seconds", labels, _LATENCY_BUCKETS, counts, self.latency_sum[d])
+        family(
+            "outrelay_attempt_seconds",
+            "histogram",
+            "Duration of the send each attempted message was part of, by outcome (delivered, retry, rejected).",
+        )
+        for (d, outcome), counts in sorted(self.attempts.items()):
+            labels = f'destination="{d}",outcome="{outcome}"'
+            _histogram(
+                out, "outrelay_attempt_seconds", labels, _LATENCY_BUCKETS, counts, self.attempts_sum[(d, outcome)]
+            )
         gauges: list[tuple[str, str, Callable[[DestinationStatus], float]]] = [
             ("outrelay_pending", "Deliveries not yet done (queue depth).", lambda s: s.pending),
             ("outrelay_dead_letters", "Dead letters waiting for an operator.", lambda s: s.dead_lettered),

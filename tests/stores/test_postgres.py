@@ -360,7 +360,7 @@ class TestSchemaOptions:
             assert conn.execute(keys).fetchone() == (1,)
         store = PostgresStore(pg_url(pg_schema))
         try:
-            assert store.migrations_applied == [5]
+            assert store.migrations_applied == [5, 6]  # 6: the delivery-attempt log
             with psycopg.connect(pg_admin_url(), autocommit=True) as conn:
                 assert conn.execute(keys).fetchone() == (0,)
                 trigger = "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal ORDER BY 1"

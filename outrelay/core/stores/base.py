@@ -35,6 +35,7 @@ from typing import Any, Literal
 from outrelay.core.envelope import Event
 
 __all__ = [
+    "Attempt",
     "Claimed",
     "DeadLetter",
     "DestinationStatus",
@@ -56,6 +57,13 @@ class Claimed:
     event: Event
     attempts: int
     first_attempt_at: float | None
+
+
+#: one row of the delivery-attempt log (:mod:`outrelay.core.attempts`), in column order: ``at`` (the attempt's
+#: start, Unix seconds), ``event_id``, ``event_seq``, ``destination``, ``stream``, ``attempt`` (its number),
+#: ``outcome`` (one of :data:`outrelay.core.attempts.OUTCOMES`), ``latency`` (seconds), ``error`` and
+#: ``detail`` (JSON text; both "" when there are none). A plain tuple: one is built per event attempted.
+Attempt = tuple[float, str, int, str, str, int, str, float, str, str]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -257,9 +265,19 @@ class Store(ABC):
         return 0
 
     @abstractmethod
-    def settle(self, destination: str, owner: str, settlements: Sequence[Settlement], now: float) -> None:
+    def settle(
+        self,
+        destination: str,
+        owner: str,
+        settlements: Sequence[Settlement],
+        now: float,
+        attempts: Sequence[Attempt] = (),
+    ) -> None:
         """Apply outcomes in one transaction and release the lanes (see
-        :class:`Settlement`). Lanes no longer leased by ``owner`` are left alone."""
+        :class:`Settlement`). Lanes no longer leased by ``owner`` are left alone.
+        ``attempts``: rows of the delivery-attempt log to insert in the same transaction
+        (every one, whoever holds the lanes now: the attempts happened); the relay passes
+        them only to a store that keeps the log (:class:`outrelay.core.attempts.AttemptStore`)."""
 
     @abstractmethod
     def next_due(self, destination: str) -> float | None:

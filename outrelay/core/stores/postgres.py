@@ -46,6 +46,7 @@ from outrelay.core.errors import StoreError
 from outrelay.core.stores.base import Store
 from outrelay.core.stores.lanes import PostgresLanesMixin
 from outrelay.core.stores.postgres_append import append_async, append_sync, map_append_error
+from outrelay.core.stores.postgres_attempts import PostgresAttemptsMixin
 from outrelay.core.stores.postgres_audit import PostgresAuditMixin
 from outrelay.core.stores.postgres_history import HistoryMixin
 from outrelay.core.stores.postgres_ops import OperatorMixin
@@ -65,7 +66,14 @@ _TRANSIENT = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailu
 
 
 class PostgresStore(
-    RelayMixin, ScriptMixin, HistoryMixin, OperatorMixin, PostgresLanesMixin, PostgresAuditMixin, Store
+    RelayMixin,
+    ScriptMixin,
+    HistoryMixin,
+    OperatorMixin,
+    PostgresLanesMixin,
+    PostgresAuditMixin,
+    PostgresAttemptsMixin,
+    Store,
 ):
     """See the module docstring. Options (URL query or keyword): ``schema``,
     ``prefix``, ``pool_size`` (connections = relay store threads), ``notify``,

@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from outrelay.core.envelope import Event
-from outrelay.core.stores.base import Claimed, Settlement
+from outrelay.core.stores.base import Attempt, Claimed, Settlement
+from outrelay.core.stores.postgres_attempts import attempt_args
 from outrelay.core.stores.postgres_script import Statement, statement
 
 if TYPE_CHECKING:
@@ -65,6 +66,13 @@ class RelayMixin:
             self, cur: Cursor, destination: str, settlements: Sequence[Settlement],
             found: dict[int, tuple[int, str]], at: float,
         ) -> None: ...  # fmt: skip
+
+        # the delivery-attempt log (outrelay.core.stores.postgres_attempts)
+        def _attempts_statement(self) -> Statement: ...
+
+        attempts_keep: int | None
+
+        def _log_attempts(self, cur: Cursor, destination: str, logged: tuple[dict[str, Any], list[int]]) -> None: ...
 
     def acquire_relay(self, owner: str) -> None:
         """Register the relay (several may run; nothing is locked exclusively)."""
@@ -405,7 +413,14 @@ class RelayMixin:
 
         return self._run(fn, relaxed=True)
 
-    def settle(self, destination: str, owner: str, settlements: Sequence[Settlement], now: float) -> None:
+    def settle(
+        self,
+        destination: str,
+        owner: str,
+        settlements: Sequence[Settlement],
+        now: float,
+        attempts: Sequence[Attempt] = (),
+    ) -> None:
         """Two statements: lock the lanes still leased by ``owner`` (in stream
         order); then, in a snapshot that sees every commit before the lock,
         record retries and dead letters (rare: ``executemany``), delete the
@@ -438,18 +453,22 @@ class RelayMixin:
             "gone_streams": [s.stream for s in gone], "now": now,
         }  # fmt: skip
 
-        if not slow and self.audit is None:  # every outcome delivered: one message (see _script)
-            kept = self._script(self._scripts()["settle"], {**args, "owner": owner})[1][0][0]
+        logged = attempt_args(attempts, self.attempts_keep)  # the delivery-attempt log, same transaction
+        if not slow and self.audit is None and not (logged and logged[1]):  # [1]: events to trim first
+            script = self._scripts()["settle"]  # every outcome delivered: one message (see _script)
+            if logged:
+                script, args = [*script, self._attempts_statement()], {**args, **logged[0]}
+            kept = self._script(script, {**args, "owner": owner})[1][0][0]
         else:
             kept = self._run(
-                lambda cur: self._settle_in(cur, destination, owner, settlements, slow, args), relaxed=True
+                lambda cur: self._settle_in(cur, destination, owner, settlements, slow, args, logged), relaxed=True
             )
         if kept is not None:  # a lane still has deliveries: it is due again
             self._lower_quiet(destination, float(kept))
 
     def _settle_in(
         self, cur: Cursor, destination: str, owner: str, settlements: Sequence[Settlement],
-        slow: list[Settlement], args: dict[str, Any],
+        slow: list[Settlement], args: dict[str, Any], logged: tuple[dict[str, Any], list[int]] | None = None,
     ) -> float | None:  # fmt: skip
         """:meth:`settle` a statement at a time (failures to record, or the audit chain on); returns
         when the earliest lane it kept pending is due (None: none kept)."""
@@ -461,6 +480,8 @@ class RelayMixin:
             (destination, args["streams"], owner),
         )
         owned = [r[0] for r in cur]  # others: lease lost, the new owner sends them again
+        if logged:  # attempts happened, whoever holds the lanes now
+            self._log_attempts(cur, destination, logged)
         if not owned:
             return None
         if slow:

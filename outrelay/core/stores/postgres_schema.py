@@ -168,6 +168,28 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION {schema}."{p}events_deleted"()""",
         ),
     ),
+    (
+        # written in the settle's transaction only with [attempts] enabled (outrelay.core.attempts)
+        "delivery-attempt log",
+        (
+            """CREATE TABLE {schema}."{p}attempts" (
+                id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                at double precision NOT NULL,
+                event_id text NOT NULL,
+                event_seq bigint NOT NULL,
+                destination text NOT NULL,
+                stream text NOT NULL,
+                attempt integer NOT NULL,
+                outcome text NOT NULL,
+                latency double precision,
+                error text NOT NULL DEFAULT '',
+                detail text NOT NULL DEFAULT ''
+            ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.05)""",
+            # BRIN: rows arrive in about event order, so a block range covers a narrow span of sequences;
+            # keeping it costs next to nothing per insert (a B-tree cost the settle's backend ~10%)
+            'CREATE INDEX "{p}attempts_event" ON {schema}."{p}attempts" USING brin (event_seq)',
+        ),
+    ),
 )
 
 
@@ -193,6 +215,7 @@ class Names:
             "migrations",
             "audit",
             "unrouted",
+            "attempts",
         ):
             setattr(self, table, f'"{schema}"."{prefix}{table}"')
         #: the NOTIFY channel appends and routing signal on
@@ -212,6 +235,7 @@ class Names:
     migrations: str
     audit: str
     unrouted: str
+    attempts: str
 
     def fill(self, stmt: str) -> str:
         return stmt.replace("{schema}", self.schema).replace("{p}", self.prefix)

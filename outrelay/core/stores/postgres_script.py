@@ -52,6 +52,8 @@ _TYPES = {
     "rlim": "bigint", "dests": "text[]", "now": "float8", "dest": "text", "owner": "text", "lim": "bigint",
     "per_lane": "bigint", "until": "float8", "budget": "bigint", "streams": "text[]", "due": "float8[]",
     "parked": "bool[]", "gone": "bigint[]", "ok": "bool[]", "gone_streams": "text[]",
+    "a_at": "float8", "a_ev": "text[]", "a_seq": "bigint[]", "a_stream": "text[]", "a_n": "integer[]",
+    "a_out": "text[]", "a_lat": "float8", "a_err": "text[]", "a_det": "text[]",
 }  # fmt: skip
 
 

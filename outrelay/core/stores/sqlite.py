@@ -23,8 +23,9 @@ import orjson
 
 from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError, StoreError, StoreLockedError
-from outrelay.core.stores.base import Claimed, Settlement, Store
+from outrelay.core.stores.base import Attempt, Claimed, Settlement, Store
 from outrelay.core.stores.lanes import SQLiteLanesMixin
+from outrelay.core.stores.sqlite_attempts import SQLiteAttemptsMixin
 from outrelay.core.stores.sqlite_audit import SQLiteAuditMixin
 from outrelay.core.stores.sqlite_history import SQLiteHistoryMixin
 from outrelay.core.stores.sqlite_ops import SQLiteOperatorMixin
@@ -88,7 +89,9 @@ _BUSY_FIRST = 0.0001  # seconds between tries of a locked database at first
 _BUSY_EAGER = 0.01  # seconds of tries every _BUSY_FIRST before backing off
 
 
-class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, SQLiteAuditMixin, Store):
+class SQLiteStore(
+    SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, SQLiteAuditMixin, SQLiteAttemptsMixin, Store
+):
     """See the module docstring. Thread-safe: one connection, one lock."""
 
     max_workers = 1
@@ -403,7 +406,14 @@ class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, SQL
                 "UPDATE outrelay_lanes SET due_at = ? WHERE owner = ?", (now + lease_seconds, owner)
             ).rowcount
 
-    def settle(self, destination: str, owner: str, settlements: Sequence[Settlement], now: float) -> None:
+    def settle(
+        self,
+        destination: str,
+        owner: str,
+        settlements: Sequence[Settlement],
+        now: float,
+        attempts: Sequence[Attempt] = (),
+    ) -> None:
         lanes: dict[str, tuple[float, bool, int]] = {}  # stream -> (due_at, parked, removed)
         done: dict[str, list[tuple[int]]] = {}  # stream -> delivered ids
         delivered = 0
@@ -412,6 +422,8 @@ class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, SQL
         with self._tx(relaxed=True) as db:
             if self.audit is not None:  # in this transaction, before the deliveries go
                 self._audit_settled(db, destination, settlements, now)
+            if attempts:  # the delivery-attempt log, in this transaction
+                self._log_attempts(db, destination, attempts)
             for s in settlements:
                 due, parked, removed = lanes.get(s.stream, (now, False, 0))
                 if s.kind == "delivered":

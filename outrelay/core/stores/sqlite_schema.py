@@ -98,4 +98,21 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX outrelay_audit_kind ON outrelay_audit (kind, seq)",
     ),
+    # 6: the delivery-attempt log (outrelay.core.attempts); written only with [attempts] enabled = true
+    (
+        """CREATE TABLE outrelay_attempts (
+            id INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            event_id TEXT NOT NULL,
+            event_seq INTEGER NOT NULL,
+            destination TEXT NOT NULL,
+            stream TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            outcome TEXT NOT NULL,
+            latency REAL,
+            error TEXT NOT NULL DEFAULT '',
+            detail TEXT NOT NULL DEFAULT ''
+        )""",
+        "CREATE INDEX outrelay_attempts_event ON outrelay_attempts (event_seq, id)",
+    ),
 )

@@ -41,25 +41,28 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - current)
 
 
-_DELIVERED = Delivered()
-
-
 def classify(status: int, headers: Mapping[str, str], url: str, body: bytes = b"") -> SendResult:
     """The outcome of the answer ``status``/``headers``/``body`` to a POST to ``url`` (see the table in
-    :mod:`._transport`); a failure quotes the start of ``body`` (:func:`excerpt`)."""
+    :mod:`._transport`); a failure quotes the start of ``body`` (:func:`excerpt`). Every result carries
+    ``detail = {"status": status, "body": <the first ANSWER_BYTES bytes of body>}`` (the attempt log's)."""
+    answer = {"status": status, "body": body[:ANSWER_BYTES].decode("utf-8", "replace")}  # the attempt log's detail
     if 200 <= status < 300:
-        return _DELIVERED
+        return Delivered(detail=answer)
     detail = excerpt(body)
     where = f"{safe_url(url)} answered {status}" + (f": {detail}" if detail else "")
     if 300 <= status < 400:
         location = headers.get("location")
         to = f" to {safe_url(location)}" if location else ""
-        return Rejected(f"{where}; redirect{to} not followed, configure the final URL")
+        return Rejected(f"{where}; redirect{to} not followed, configure the final URL", detail=answer)
     if status in (408, 429) or status >= 500:
-        return RetryLater(where, parse_retry_after(headers.get("retry-after")))
+        return RetryLater(where, parse_retry_after(headers.get("retry-after")), detail=answer)
     if status == 410:
-        return Rejected(f"{where} (Gone): the endpoint was removed", disable_destination=True)
-    return Rejected(where)
+        return Rejected(f"{where} (Gone): the endpoint was removed", disable_destination=True, detail=answer)
+    return Rejected(where, detail=answer)
+
+
+#: bytes of an answer's body a result carries as its ``detail`` (the delivery-attempt log cuts it to its own limit)
+ANSWER_BYTES = 512
 
 
 def excerpt(body: bytes, limit: int = 200) -> str:

@@ -1,0 +1,161 @@
+"""The delivery-attempt log in the SQLite outbox (see :mod:`outrelay.core.attempts`).
+
+A mixin of :class:`~outrelay.core.stores.sqlite.SQLiteStore`. The relay's
+settle writes a batch's attempts with one ``executemany`` inside its own
+transaction (:meth:`SQLiteAttemptsMixin._log_attempts`); nothing here runs
+on the hot path unless the relay passes attempts (``[attempts] enabled``). Reads page newest
+first by ``id``; an ``--event`` read uses the index on ``(event_seq, id)``
+(the sequence found from the event's id; an event pruned from history is
+matched by id, a scan), the others scan from the newest row (the table is
+bounded by retention).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from outrelay.core.errors import NotFoundError
+from outrelay.core.stores.base import Attempt
+from outrelay.core.stores.sqlite_ops import SQLiteParts
+
+__all__ = ["SQLiteAttemptsMixin"]
+
+_COLS = "id, at, event_id, event_seq, destination, stream, attempt, outcome, latency, error, detail"
+
+
+class SQLiteAttemptsMixin(SQLiteParts):
+    """Writes, reads and prunes ``outrelay_attempts``; ``retry_event`` for ``outrelay retry``."""
+
+    #: ``[attempts] keep_per_event``: older attempts of an (event, destination) go when a newer one is written
+    attempts_keep: int | None = None
+
+    def _log_attempts(self, db: sqlite3.Connection, destination: str, rows: Sequence[Attempt]) -> None:
+        """Insert the attempt-log ``rows`` (in the caller's transaction)."""
+        keep = self.attempts_keep
+        if keep is not None:  # only an event past keep attempts can have too many (replays aside)
+            for r in rows:
+                if r[5] > keep:  # (at, event_id, event_seq, destination, stream, attempt, ...)
+                    db.execute(
+                        "DELETE FROM outrelay_attempts WHERE event_seq = ? AND destination = ? AND id NOT IN "
+                        "(SELECT id FROM outrelay_attempts WHERE event_seq = ? AND destination = ? "
+                        "ORDER BY id DESC LIMIT ?)",
+                        (r[2], destination, r[2], destination, keep - 1),
+                    )
+        db.executemany(
+            "INSERT INTO outrelay_attempts (at, event_id, event_seq, destination, stream, attempt, outcome, "
+            "latency, error, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+
+    def attempts(
+        self,
+        *,
+        event_id: str | None = None,
+        stream: str | None = None,
+        destination: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+    ) -> list[tuple[Any, ...]]:
+        """Logged attempts matching every filter given, newest first, at most ``limit``: rows
+        of ``id, at, event_id, event_seq, destination, stream, attempt, outcome, latency, error, detail``."""
+        seq = None
+        if event_id is not None:  # by the indexed sequence; an event pruned from the log: by id (a scan)
+            found = self._q("SELECT seq FROM outrelay_events WHERE id = ?", (event_id,))
+            seq = int(found[0][0]) if found else None
+        where, args = _filters(event_id, stream, destination, since, seq=seq)
+        sql = f"SELECT {_COLS} FROM outrelay_attempts{where} ORDER BY id DESC LIMIT ?"
+        return [tuple(r) for r in self._q(sql, (*args, limit))]
+
+    def prune_attempts(self, older_than: float, *, batch: int = 1000) -> int:
+        """Delete up to ``batch`` of the oldest attempts logged before ``older_than``; returns the count.
+        Rows are taken in ``id`` order, so one later than a newer row waits until that one goes too."""
+        with self._tx(relaxed=True) as db:
+            return db.execute(
+                "DELETE FROM outrelay_attempts WHERE id IN "
+                "(SELECT id FROM outrelay_attempts ORDER BY id LIMIT ?) AND at < ?",
+                (batch, older_than),
+            ).rowcount
+
+    def retry_event(
+        self, event_id: str, *, destination: str | None, redeliver: bool, now: float
+    ) -> list[tuple[str, str]]:
+        """Send event ``event_id`` again now (see :func:`outrelay.core.attempts.retry_event`).
+
+        :raises NotFoundError: no such event."""
+        with self._tx() as db:
+            row = db.execute("SELECT seq, stream FROM outrelay_events WHERE id = ?", (event_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no event with id {event_id!r} in the outbox")
+            seq, stream = int(row[0]), str(row[1])
+            out: list[tuple[str, str]] = []
+            pending = db.execute(
+                "SELECT DISTINCT destination FROM outrelay_deliveries WHERE event_seq = ?", (seq,)
+            ).fetchall()
+            for (dest,) in pending:
+                if destination is not None and dest != destination:
+                    continue
+                lane = db.execute(
+                    "SELECT parked, owner FROM outrelay_lanes WHERE destination = ? AND stream = ?", (dest, stream)
+                ).fetchone()
+                if lane is not None and lane[0]:
+                    continue  # a parked head: its dead letter below
+                db.execute(
+                    "UPDATE outrelay_lanes SET due_at = ? WHERE destination = ? AND stream = ? AND owner IS NULL",
+                    (now, dest, stream),
+                )
+                out.append((dest, "due now" if lane is None or lane[1] is None else "in flight"))
+            dead = db.execute(
+                "SELECT id, destination, state, delivery_id FROM outrelay_dead_letters "
+                "WHERE event_seq = ? AND state IN ('dead', 'parked') ORDER BY id",
+                (seq,),
+            ).fetchall()
+            for dl_id, dest, state, delivery_id in dead:
+                if destination is not None and dest != destination:
+                    continue
+                if state == "parked":
+                    db.execute("UPDATE outrelay_deliveries SET attempts = 0 WHERE id = ?", (delivery_id,))
+                    db.execute(
+                        "UPDATE outrelay_lanes SET parked = 0, due_at = ? WHERE destination = ? AND stream = ?",
+                        (now, dest, stream),
+                    )
+                else:
+                    self._enqueue(db, dest, stream, seq, now)
+                db.execute("UPDATE outrelay_dead_letters SET state = 'replayed' WHERE id = ?", (dl_id,))
+                out.append((dest, f"{state} letter {dl_id} queued again"))
+            if out or not redeliver:
+                return out
+            if destination is None:
+                raise NotFoundError("--redeliver needs --destination (the event is pending nowhere)")
+            self._enqueue(db, destination, stream, seq, now)
+            return [(destination, "queued again")]
+
+    if TYPE_CHECKING:  # provided by SQLiteOperatorMixin
+
+        @staticmethod
+        def _enqueue(db: sqlite3.Connection, dest: str, stream: str, seq: int, now: float) -> None: ...
+
+
+def _filters(
+    event_id: str | None,
+    stream: str | None,
+    destination: str | None,
+    since: float | None,
+    mark: str = "?",
+    *,
+    seq: int | None = None,
+) -> tuple[str, list[Any]]:
+    """The WHERE clause (with a leading space, or empty) and its arguments; ``seq``: the event's
+    sequence, which the index covers (``event_id`` is then matched too)."""
+    parts: list[str] = []
+    args: list[Any] = []
+    columns = (("event_seq", seq), ("event_id", event_id), ("stream", stream), ("destination", destination))
+    for column, value in columns:
+        if value is not None:
+            parts.append(f"{column} = {mark}")
+            args.append(value)
+    if since is not None:
+        parts.append(f"at >= {mark}")
+        args.append(since)
+    return (" WHERE " + " AND ".join(parts) if parts else ""), args
