@@ -18,6 +18,7 @@ Everything a transport needs, and nothing it should not touch::
   state machine, so a transport writes only ``_open``/``_send``/``_close``;
 * :class:`ErrorMap` — vendor exceptions to RetryLater/Rejected/RetryableError/
   PermanentError in one table; :func:`redact` masks credentials in messages;
+  :class:`DisablingErrorMap` also stops the destination when the credentials are refused;
 * ordering helpers — :func:`send_in_key_order`, :func:`send_chained`,
   :func:`send_pipelined`, :func:`hold_after_failures`, :func:`not_sent`,
   :func:`deferred`, :func:`failing_staged`: order per key kept, progress
@@ -80,6 +81,7 @@ from outrelay.core.transport import (
     Transport,
     TransportConfig,
 )
+from outrelay.kit._disable import DisablingErrorMap
 from outrelay.kit._errors import ErrorMap, Kind, Rule, redact
 from outrelay.kit._lifecycle import LifecycleTransport, State
 from outrelay.kit._ordering import (
@@ -100,6 +102,7 @@ __all__ = [
     "Capabilities",
     "ConfigError",
     "Delivered",
+    "DisablingErrorMap",
     "ErrorMap",
     "Event",
     "EventError",

@@ -182,7 +182,7 @@ def test_refused_credentials_are_permanent(kind: str) -> None:
     itself is what can be tested here)."""
     from google.api_core import exceptions as gexc
 
-    from outrelay.transports.pubsub._transport import classify
+    from outrelay.transports.pubsub._errors import ERRORS
 
-    r = classify(getattr(gexc, kind)("caller lacks pubsub.topics.publish"))
+    r = ERRORS.result(getattr(gexc, kind)("caller lacks pubsub.topics.publish"))
     assert isinstance(r, Rejected) and r.disable_destination and "roles/pubsub.publisher" in r.reason
