@@ -62,11 +62,12 @@ async def open_sender(client: Any, cfg: ServiceBusConfig, entity: str) -> Guarde
 
 
 async def open_receiver(
-    client: Any, cfg: ServiceBusConfig, entity: str, *, subscription: str | None, session: Any
+    client: Any, cfg: ServiceBusConfig, entity: str, *, subscription: str | None, session: Any, wait: float = 1.0
 ) -> Guarded:
     """An attached receive-and-delete receiver of ``entity`` (of ``subscription`` on a topic; of
-    ``session`` when not None, e.g. ``NEXT_AVAILABLE_SESSION``). Raises as :func:`open_sender`."""
-    opts: dict[str, Any] = {"receive_mode": ServiceBusReceiveMode.RECEIVE_AND_DELETE, "max_wait_time": 1}
+    ``session`` when not None, e.g. ``NEXT_AVAILABLE_SESSION``, waiting at most ``wait`` seconds for
+    one to be available, then ``OperationTimeoutError``). Raises as :func:`open_sender`."""
+    opts: dict[str, Any] = {"receive_mode": ServiceBusReceiveMode.RECEIVE_AND_DELETE, "max_wait_time": wait}
     if session is not None:
         opts["session_id"] = session
     if subscription is not None:

@@ -68,8 +68,11 @@ class ServiceBusReader(Reader):
                 await self.stop()
                 raise
 
-    async def _open_receiver(self, session: Any) -> Guarded:
-        return await open_receiver(self._client, self.cfg, self.entity, subscription=self.subscription, session=session)
+    async def _open_receiver(self, session: Any, wait: float = 1.0) -> Guarded:
+        """``wait``: seconds to wait for a session to become available (with a session)."""
+        return await open_receiver(
+            self._client, self.cfg, self.entity, subscription=self.subscription, session=session, wait=wait
+        )
 
     async def read(self, count: int, timeout: float) -> list[Received]:
         if self._client is None:
@@ -95,7 +98,7 @@ class ServiceBusReader(Reader):
     async def _read_session(self, count: int, wait: float) -> list[Received]:
         """Accept the next available session and read it until it is empty (or ``count``)."""
         try:
-            guarded = await self._open_receiver(NEXT_AVAILABLE_SESSION)
+            guarded = await self._open_receiver(NEXT_AVAILABLE_SESSION, wait)
         except (OperationTimeoutError, TimeoutError):  # no session available now
             await asyncio.sleep(wait / 4)
             return []
