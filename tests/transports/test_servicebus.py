@@ -19,8 +19,8 @@ import pytest
 
 from outrelay import Event, Message, RetryableError, TransportError, UsageError
 from outrelay.conformance._proxy import TcpProxy
-from outrelay.core.transport import Delivered, Rejected, RetryLater
-from outrelay.kit import redact
+from outrelay.core.transport import Delivered, NotSent, Rejected, RetryLater
+from outrelay.kit import Progress, redact, sending
 from outrelay.transports.servicebus._config import ServiceBusConfig
 from outrelay.transports.servicebus._transport import ServiceBusTransport
 from tests.peers.amqp_servicebus_peer import ServiceBusEnv, connection_string
@@ -86,6 +86,34 @@ class TestMapping:
             seen[g.key or ""].append(g.event.id)
         for s in ("s0", "s1", "s2"):
             assert seen[s] == [e.id for e in events if e.stream == s]
+
+    async def test_progress_per_service_bus_batch(self, servicebus_env: ServiceBusEnv) -> None:
+        """Each Service Bus batch's outcome is reported to the send's progress as the broker answers it; a
+        later batch is not started once the deadline is too near (deferred, nothing sent), nor once stopping."""
+        queue = await servicebus_env.provision(_name(), sessions=True)
+        t = _transport(servicebus_env, queue, sessions=True)
+        events = [Event(type="t", stream="s", data=b"x" * 2000 + str(i).encode()) for i in range(300)]
+        batch = _msgs(events, queue)
+        await t.open()
+        try:
+            async with t.reader(queue) as reader:
+                stopped = Progress()
+                stopped.stop()
+                with sending(stopped):
+                    assert all(isinstance(r, NotSent) for r in await t.send(batch))
+                tight = Progress(deadline=asyncio.get_running_loop().time() + 0.001)
+                with sending(tight):
+                    results = await t.send(batch)
+                delivered = [r for r in results if isinstance(r, Delivered)]
+                got = await reader.read(len(delivered), 10)
+                got += await reader.read(1, 0.5)  # nothing more: deferred messages were not sent
+        finally:
+            await t.close()
+        assert 0 < len(delivered) < 300  # the first batch (~120 messages of 2 KB) only
+        assert results == [Delivered()] * len(delivered) + [results[-1]] * (300 - len(delivered))
+        assert isinstance(results[-1], NotSent) and tight.declined
+        assert [tight.outcome(m) for m in batch[: len(delivered)]] == delivered
+        assert [g.event.id for g in got] == [e.id for e in events[: len(delivered)]]
 
     async def test_size_limits(self, servicebus_env: ServiceBusEnv) -> None:
         """Exactly max_message_bytes is delivered, one byte more is Rejected, and so is what no empty batch holds."""
