@@ -265,6 +265,18 @@ class TestLifecycle:
         line = await _transport(servicebus_env, queue).check()
         assert queue in line and "\n" not in line
 
+    async def test_check_leaves_an_open_transport_open(self, servicebus_env: ServiceBusEnv) -> None:
+        """check() on an open transport reuses its sender and leaves it open: a send right after is delivered."""
+        queue = await servicebus_env.provision(_name())
+        t = _transport(servicebus_env, queue)
+        await t.open()
+        try:
+            assert queue in await t.check()
+            assert t.is_open
+            assert await t.send(_msgs([Event(type="t", stream="s")], queue)) == [Delivered()]
+        finally:
+            await t.close()
+
 
 def _open_writers(port: int) -> int:
     """How many asyncio StreamWriters to 127.0.0.1:``port`` are alive and not closed (found among live objects)."""

@@ -24,6 +24,9 @@ Capabilities, honestly:
 Progress: the messages are handed to the library at once, in batch order
 (:func:`~outrelay.kit.send_pipelined`); each outcome is recorded as soon as
 the send returns or is cut, and nothing is started once the relay stops.
+Without ``ordering`` a later message of a failed stream may still be stored;
+it stays Delivered and the possible break in order is logged
+(:func:`~outrelay.kit.hold_after_failures`).
 
 Failure modes: one table, ``_errors.ERRORS`` (gRPC errors to RetryLater or
 Rejected; PERMISSION_DENIED / UNAUTHENTICATED to Rejected with
