@@ -55,7 +55,7 @@ class TestSurface:
         assert "outrelay.core" not in code
 
 
-class Probe(LifecycleTransport):
+class Probe(LifecycleTransport[TransportConfig]):
     """A transport whose broker work only counts calls (or fails on demand)."""
 
     name = "probe"
@@ -268,3 +268,42 @@ def test_redact_masks_sas_signatures() -> None:
     """A Shared Access Signature's sig= value is masked like a SharedAccessKey."""
     text = kit.redact("SharedAccessSignature sr=sb%3a%2f%2fns&sig=AbC%2bd3f%3d&se=1700000000&skn=Root")
     assert "AbC" not in text and "sig=***" in text and "skn=Root" in text
+
+
+class TestSendEach:
+    """kit.send_each: one synchronous call per message, the order rule kept."""
+
+    @staticmethod
+    def batch(*keys: str) -> list[Message]:
+        return [Message(Event(type=f"t{i}", stream=k), "t", k) for i, k in enumerate(keys)]
+
+    def test_a_failed_key_holds_its_later_messages_and_others_go_on(self) -> None:
+        """After a key's first failure its later messages are NotSent without a call; other keys go on."""
+        calls: list[str] = []
+
+        def publish(m: Message) -> SendResult:
+            calls.append(m.event.type)
+            return RetryLater("down") if m.event.type == "t0" else Delivered()
+
+        results = kit.send_each(self.batch("a", "b", "a", "b"), publish, progress=kit.Progress())
+        assert calls == ["t0", "t1", "t3"]
+        assert isinstance(results[0], RetryLater) and isinstance(results[2], kit.NotSent)
+        assert isinstance(results[1], Delivered) and isinstance(results[3], Delivered)
+
+    def test_nothing_starts_once_stopped_or_halted(self) -> None:
+        """A stopping relay or a halt() that turned true defers every message not yet started."""
+        stopped = kit.Progress()
+        stopped.stop()
+        assert all(
+            isinstance(r, kit.NotSent) and "stopping" in r.error
+            for r in kit.send_each(self.batch("a", "b"), lambda m: Delivered(), progress=stopped)
+        )
+        seen: list[Message] = []
+
+        def publish(m: Message) -> SendResult:
+            seen.append(m)
+            return Delivered()
+
+        results = kit.send_each(self.batch("a", "a", "b"), publish, progress=kit.Progress(), halt=lambda: bool(seen))
+        assert len(seen) == 1 and isinstance(results[0], Delivered)
+        assert all(isinstance(r, kit.NotSent) for r in results[1:])

@@ -112,7 +112,6 @@ from outrelay.kit import (
     Capabilities,
     Delivered,
     ErrorMap,
-    Event,
     LifecycleTransport,
     Message,
     Reader,
@@ -121,7 +120,6 @@ from outrelay.kit import (
     RetryableError,
     RetryLater,
     SendResult,
-    Template,
     TransportConfig,
     binary_headers,
     from_binary,
@@ -167,21 +165,20 @@ ERRORS = ErrorMap(
 )
 
 
-class ${Name}Transport(LifecycleTransport):
+class ${Name}Transport(LifecycleTransport[${Name}Config]):
     """See the module docstring. The open/close rules come from LifecycleTransport."""
 
     name = "$name"
     Config = ${Name}Config
     errors = ERRORS
+    target_option = "topic"  # target() renders this option's template (values kept inside one segment)
     conformance_target_option: ClassVar[str | None] = "topic"
     conformance_unreachable_options: ClassVar[dict[str, Any] | None] = {"down": True}
     # reader options for a reader that sees what was sent before it started (the durability check)
     conformance_late_reader_options: ClassVar[dict[str, Any] | None] = {"from_beginning": True}
 
     def __init__(self, config: ${Name}Config, *, destination: str = "$name") -> None:
-        super().__init__(config, destination=destination)
-        self.cfg = config
-        self._topic = Template(config.topic, where=f"destinations.{destination}.topic")
+        super().__init__(config, destination=destination)  # sets self.cfg, typed ${Name}Config
         self._broker: ${Name}Broker | None = None
 
     @property
@@ -196,8 +193,6 @@ class ${Name}Transport(LifecycleTransport):
             delivery="at_least_once",  # TODO: "at_most_once" if the broker keeps nothing for absent readers
         )
 
-    def target(self, event: Event) -> str:
-        return self._topic.render(event)
 
     async def _open(self) -> None:
         if self.cfg.down:  # TODO: connect with your client library

@@ -22,7 +22,8 @@ Everything a transport needs, and nothing it should not touch::
 * ordering helpers — :func:`send_in_key_order`, :func:`send_chained`,
   :func:`send_pipelined`, :func:`hold_after_failures`, :func:`not_sent`,
   :func:`deferred`, :func:`failing_staged`: order per key kept, progress
-  reported, the deadline honoured;
+  reported, the deadline honoured; :func:`send_each` for a sink that answers
+  at once (in-process, a local file);
 * the consuming side — :class:`Reader` / :class:`Received` (read back what
   was published) and the subscription contract :class:`SubscriptionBackend`,
   :class:`SubscriptionSpec`, :class:`Inbound`, :func:`no_ack`;
@@ -82,6 +83,7 @@ from outrelay.core.transport import (
     TransportConfig,
 )
 from outrelay.kit._disable import DisablingErrorMap
+from outrelay.kit._each import send_each
 from outrelay.kit._errors import ErrorMap, Kind, Rule, redact
 from outrelay.kit._lifecycle import LifecycleTransport, State
 from outrelay.kit._ordering import (
@@ -153,6 +155,7 @@ __all__ = [
     "outrelay_version",
     "redact",
     "send_chained",
+    "send_each",
     "send_in_key_order",
     "send_pipelined",
     "sending",

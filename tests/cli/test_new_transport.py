@@ -116,7 +116,8 @@ def test_class_name_follows_the_words_or_the_option(cli: Cli, tmp_path: Path) ->
     proc = cli("new-transport", "redis_pubsub", "--directory", "b", "--class-name", "RedisPubSub")
     assert proc.returncode == 0, proc.stderr
     source = (tmp_path / "b" / "outrelay_redis_pubsub" / "_transport.py").read_text()
-    assert "class RedisPubSubTransport(LifecycleTransport):" in source and "Redispubsub" not in source
+    assert "class RedisPubSubTransport(LifecycleTransport[RedisPubSubConfig]):" in source
+    assert "Redispubsub" not in source
     bad = cli("new-transport", "carrier", "--directory", "c", "--class-name", "not-a-class")
     assert bad.returncode != 0 and "--class-name 'not-a-class' must be CapWords" in bad.stderr
 

@@ -74,3 +74,34 @@ def test_thousand_streams_under_ulimit_256(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["0", "1000", "0"]
     assert len(list(out.iterdir())) == 1000
+
+
+class TestCut:
+    async def test_a_cut_send_keeps_what_it_wrote(self, tmp_path: Path) -> None:
+        """A send cancelled while its thread writes records every line it wrote as Delivered and starts
+        no further line: the progress and the file agree, so the retry writes nothing twice."""
+        from outrelay.kit import Progress, sending
+
+        t = FileTransport(FileConfig(path=f"{tmp_path}/out.jsonl"), destination="f")
+        await t.open()
+        events = [Event(type="t", stream="s", data={"i": i}) for i in range(20_000)]
+        batch = [Message(e, t.target(e), e.stream, 1) for e in events]
+        progress = Progress()
+        with sending(progress):
+            task = asyncio.create_task(t.send(batch))
+            out = tmp_path / "out.jsonl"
+            for _ in range(400):  # until the thread has written a buffer's worth
+                if out.exists() and out.stat().st_size > 0:
+                    break
+                await asyncio.sleep(0.005)
+            task.cancel()
+            try:
+                await task
+                cut = False
+            except asyncio.CancelledError:
+                cut = True
+        await t.close()
+        lines = (tmp_path / "out.jsonl").read_text().splitlines()
+        delivered = [m for m in batch if isinstance(progress.outcome(m), Delivered)]
+        assert cut, "the send finished before it was cancelled: make the batch larger"
+        assert 0 < len(delivered) == len(lines) < len(batch)

@@ -38,9 +38,6 @@ KNOWN: set[str] = {
     "module _aws.py",
     "module _aws_batch.py",
     "module _aws_transport.py",
-    "module _memory_bus.py",
-    "module file.py",
-    "module memory.py",
     "long outrelay.transports.nats._connect.connect",
 }
 

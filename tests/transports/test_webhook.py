@@ -13,6 +13,7 @@ import pytest
 
 from outrelay import Delivered, Event, EventError, PermanentError, Rejected, RetryableError, RetryLater, UsageError
 from outrelay.core import cloudevents
+from outrelay.kit import Progress, sending
 from outrelay.transports.webhook._transport import classify, parse_retry_after
 from outrelay.transports.webhook.receiver import WebhookReceiver, WebhookRequest
 from tests.services import free_port
@@ -436,3 +437,31 @@ class TestHeaderPercentEncoding:
         ev = event(stream="s-1")
         plain = cloudevents.binary_headers(ev)
         assert cloudevents.binary_headers(ev, percent=True) == plain
+
+
+class TestProgress:
+    async def test_a_cut_send_keeps_every_answered_post(self, receiver: WebhookReceiver) -> None:
+        """Each POST answered 2xx is recorded in the send's progress as its answer arrives: a send
+        cancelled midway (attempt_timeout, shutdown) keeps them, so the relay never posts them again."""
+
+        async def slow(req: WebhookRequest) -> int:
+            await asyncio.sleep(0.05)
+            return 204
+
+        receiver.respond = slow
+        t = make_transport(receiver.url)
+        await t.open()
+        batch = messages(t, [event("a", i) for i in range(20)])
+        progress = Progress()
+        try:
+            with sending(progress):
+                task = asyncio.create_task(t.send(batch))
+                assert await receiver.wait_for(3, timeout=5)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+        finally:
+            await t.close()
+        kept = [m.event.id for m in batch if isinstance(progress.outcome(m), Delivered)]
+        accepted = [e.id for e in receiver.events()]
+        assert len(kept) >= 3 and kept == accepted[: len(kept)] and len(accepted) < len(batch)

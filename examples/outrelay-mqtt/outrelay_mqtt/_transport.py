@@ -55,7 +55,7 @@ __all__ = ["MqttTransport"]
 log = logging.getLogger("outrelay.transports.mqtt")
 
 
-class MqttTransport(LifecycleTransport):
+class MqttTransport(LifecycleTransport[MqttConfig]):
     """See the module docstring."""
 
     name = "mqtt"
@@ -67,7 +67,6 @@ class MqttTransport(LifecycleTransport):
 
     def __init__(self, config: MqttConfig, *, destination: str = "mqtt") -> None:
         super().__init__(config, destination=destination)
-        self.cfg = config
         self._topic = Template(config.topic, where=f"destinations.{destination}.topic", escape=escape_level)
         self._bridge: Bridge | None = None
 

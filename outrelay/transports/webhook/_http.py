@@ -35,7 +35,16 @@ from urllib.parse import unquote, urlsplit
 from outrelay.transports.webhook._connection import Connection, Origin, ProtocolError, Response
 from outrelay.transports.webhook._ssrf import AddressGuard
 
-__all__ = ["ConnectionPool", "InvalidRequest", "Origin", "ProtocolError", "Response", "Target", "parse_target"]
+__all__ = [
+    "ConnectionPool",
+    "InvalidRequest",
+    "Origin",
+    "ProtocolError",
+    "Response",
+    "Target",
+    "parse_target",
+    "safe_url",
+]
 
 #: idle connections older than this are closed rather than reused (httpx's default too)
 KEEPALIVE_EXPIRY = 5.0
@@ -50,6 +59,18 @@ class Target(NamedTuple):
     path: str  # the request-target: path and query
     host_header: str
     authorization: str | None  # Basic credentials from the URL's user info
+
+
+def safe_url(url: str) -> str:
+    """``url`` without user info, query or fragment (they may carry tokens): what messages quote."""
+    parts = urlsplit(str(url))
+    if not parts.scheme:  # a relative reference (e.g. a Location header)
+        return parts.path
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 @functools.lru_cache(maxsize=4096)

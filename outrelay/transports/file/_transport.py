@@ -3,63 +3,60 @@
 For the demo and for debugging. Each message is one line, the structured
 CloudEvents form; ``fsync = true`` makes "delivered" mean "on disk". The
 path may be a template (``"out/{stream}.jsonl"``); parent directories are
-created. The reader tails the file.
+created. The reader (:mod:`._reader`) tails the file.
 
 Open handles are bounded: at most ``max_open_files`` stay open (least
 recently used closed first, after a flush — and an fsync with ``fsync``),
 and a handle unused for ``idle_close_seconds`` is closed, so a template
 that fans out to thousands of files never runs the process out of file
 descriptors.
+
+Writes run in a worker thread, message by message in batch order (after a
+stream's failure its later lines are not written). When the send is cut
+(``attempt_timeout``, shutdown), the thread starts no further line, what it
+wrote is flushed, and those outcomes are recorded in the relay's progress
+before the cut goes on, so no line is written twice. A failing flush fails
+the whole batch (RetryableError).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
-
-from pydantic import Field
+from typing import IO, Any
 
 from outrelay.kit import (
-    STRUCTURED_CONTENT_TYPE,
     Capabilities,
     Delivered,
     Event,
     LifecycleTransport,
     Message,
     PermanentError,
+    Progress,
     Reader,
-    Received,
     Rejected,
     RetryableError,
     RetryLater,
     SendResult,
-    TransportConfig,
-    from_structured,
-    hookimpl,
+    current_progress,
+    send_each,
     to_structured,
 )
+from outrelay.transports.file._config import FileConfig
+from outrelay.transports.file._reader import FileReader
 
-if TYPE_CHECKING:
-    from outrelay.kit import Registry
-
-__all__ = ["FileConfig", "FileTransport"]
-
-
-class FileConfig(TransportConfig):
-    path: str = "outrelay-events.jsonl"
-    fsync: bool = False
-    max_open_files: int = Field(32, ge=1, le=10_000, description="open handles kept (least recently used closed first)")
-    idle_close_seconds: float = Field(30.0, gt=0, description="a handle unused this long is closed")
+__all__ = ["FileTransport"]
 
 
 class FileTransport(LifecycleTransport[FileConfig]):
-    """See the module docstring (open/close rules: :class:`~outrelay.kit.LifecycleTransport`)."""
+    """Appends one JSON line per message to the file its ``path`` renders to; see the module
+    docstring, and :class:`~outrelay.kit.LifecycleTransport` for the open/close rules."""
 
     name = "file"
     Config = FileConfig
@@ -76,35 +73,41 @@ class FileTransport(LifecycleTransport[FileConfig]):
     def capabilities(self) -> Capabilities:
         return Capabilities(ordered_batches=True, max_batch_count=1000, cloudevents_modes=("structured",), reader=True)
 
-    def _write(self, batch: Sequence[Message]) -> list[SendResult]:
-        with self._lock:  # concurrent send() calls share the open handles
-            return self._write_locked(batch)
-
-    def _write_locked(self, batch: Sequence[Message]) -> list[SendResult]:
-        results: list[SendResult] = []
-        touched: set[str] = set()
-        failed: set[str] = set()
-        for m in batch:
-            if m.key in failed:
-                results.append(RetryLater("an earlier message with this key failed"))
-                continue
-            try:
-                fh = self._handle(m.target)
-                fh.write(to_structured(m.event) + b"\n")
-                touched.add(m.target)
-                results.append(Delivered())
-            except OSError as exc:
-                failed.add(m.key)
-                results.append(RetryLater(f"cannot write {m.target}: {exc.strerror}"))
-            except ValueError as exc:  # e.g. a NUL byte in the rendered path: no retry will help
-                failed.add(m.key)
-                results.append(Rejected(f"invalid file path {m.target!r}: {exc}"))
-        for target in touched:
-            handle = self._files.get(target)
-            if handle is not None:  # else flushed when it was evicted
-                self._flush(target, handle)
-        self._close_idle()
+    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
+        progress = current_progress()
+        cut = threading.Event()  # set when the send is cancelled: the thread starts no further line
+        work = asyncio.ensure_future(asyncio.to_thread(self._write, batch, progress, cut))
+        try:
+            results = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            cut.set()
+            # what the thread wrote is on its way to disk: wait for it (a line or two) and keep it
+            with contextlib.suppress(Exception):  # a failing flush: nothing to keep
+                progress.record(batch, await work)
+            raise
+        progress.record(batch, results)
         return results
+
+    def _write(self, batch: Sequence[Message], progress: Progress, cut: threading.Event) -> list[SendResult]:
+        with self._lock:  # concurrent send() calls share the open handles
+            touched: set[str] = set()
+            results = send_each(batch, lambda m: self._line(m, touched), progress=progress, halt=cut.is_set)
+            for target in touched:
+                handle = self._files.get(target)
+                if handle is not None:  # else flushed when it was evicted
+                    self._flush(target, handle)
+            self._close_idle()
+            return results
+
+    def _line(self, m: Message, touched: set[str]) -> SendResult:
+        try:
+            self._handle(m.target).write(to_structured(m.event) + b"\n")
+        except OSError as exc:
+            return RetryLater(f"cannot write {m.target}: {exc.strerror}")
+        except ValueError as exc:  # e.g. a NUL byte in the rendered path: no retry will help
+            return Rejected(f"invalid file path {m.target!r}: {exc}")
+        touched.add(m.target)
+        return Delivered()
 
     def _handle(self, target: str) -> IO[bytes]:
         """The open handle of ``target``, opening it (and evicting the least recently used) if needed."""
@@ -142,9 +145,6 @@ class FileTransport(LifecycleTransport[FileConfig]):
     async def _open(self) -> None:
         """Nothing to connect: files are opened on first write."""
 
-    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
-        return await asyncio.to_thread(self._write, batch)
-
     async def _close(self) -> None:
         with self._lock:
             for fh in self._files.values():
@@ -168,52 +168,3 @@ class FileTransport(LifecycleTransport[FileConfig]):
 
     def reader(self, target: str, **options: Any) -> Reader:
         return FileReader(target)
-
-
-class FileReader(Reader):
-    """Tails one file from its size at :meth:`start`."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._pos = 0
-        self._buf = b""
-        self._ready: list[Received] = []
-
-    def _size(self) -> int:
-        return os.path.getsize(self.path) if os.path.exists(self.path) else 0
-
-    def _read_new(self) -> bytes:
-        if not os.path.exists(self.path):
-            return b""
-        with open(self.path, "rb") as fh:
-            fh.seek(self._pos)
-            return fh.read()
-
-    async def start(self) -> None:
-        self._pos = await asyncio.to_thread(self._size)
-
-    async def read(self, count: int, timeout: float) -> list[Received]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while len(self._ready) < count:
-            chunk = await asyncio.to_thread(self._read_new)
-            if chunk:
-                self._pos += len(chunk)
-                self._buf += chunk
-                *lines, self._buf = self._buf.split(b"\n")
-                for line in lines:
-                    ev = from_structured(line)
-                    self._ready.append(Received(ev, self.path, ev.stream, {}, line, STRUCTURED_CONTENT_TYPE))
-            if len(self._ready) >= count or loop.time() >= deadline:
-                break
-            await asyncio.sleep(0.01)
-        out, self._ready = self._ready[:count], self._ready[count:]
-        return out
-
-    async def stop(self) -> None:
-        return None
-
-
-@hookimpl
-def outrelay_add_transports(registry: Registry) -> None:
-    registry.add_transport("file", FileTransport)

@@ -17,36 +17,23 @@ messages whose target matches ``spec.target`` (a glob; ``""`` = all).
 * **Fan-out**: a private position, at the log's end at ``start``.
 
 Foreign (non-CloudEvent) messages can be put on a broker with
-:meth:`MemoryBroker.put_foreign`, for tests of dead-lettering.
+:meth:`~outrelay.transports.memory.MemoryBroker.put_foreign`, for tests of dead-lettering.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections import deque
+from collections.abc import Awaitable, Callable
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING
 
 from outrelay.kit import Inbound, Received, RetryableError, SubscriptionBackend, SubscriptionSpec
+from outrelay.transports.memory._broker import MemoryBroker, MemoryGroup
 
-if TYPE_CHECKING:
-    from outrelay.transports.memory import MemoryBroker
+__all__ = ["MemorySubscription"]
 
-__all__ = ["MemoryGroup", "MemorySubscription"]
-
-
-@dataclasses.dataclass
-class MemoryGroup:
-    """Shared state of one consumer group on one memory broker."""
-
-    position: int
-    returned: deque[int] = dataclasses.field(default_factory=deque)  # handed back by stopped members
-    owner: dict[str, str] = dataclasses.field(default_factory=dict)  # stream -> member
-    unacked: dict[str, int] = dataclasses.field(default_factory=dict)  # stream -> count
-    queues: dict[str, deque[int]] = dataclasses.field(default_factory=dict)  # member -> log indexes
-    held: dict[str, set[int]] = dataclasses.field(default_factory=dict)  # member -> handed out, unacked
+_Ack = Callable[[], Awaitable[None]]
 
 
 class MemorySubscription(SubscriptionBackend):
@@ -184,9 +171,3 @@ class MemorySubscription(SubscriptionBackend):
 
 async def _no_ack() -> None:
     pass
-
-
-if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-    _Ack = Callable[[], Awaitable[None]]
