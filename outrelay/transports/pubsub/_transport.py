@@ -21,8 +21,8 @@ Capabilities, honestly:
   delivered — those are reported :class:`RetryLater`, and the key is resumed
   before ``send`` returns so the relay's retry can publish again.
 
-Progress: the messages are handed to the library at once, in batch order
-(:func:`~outrelay.kit.send_pipelined`); each outcome is recorded as soon as
+Progress: the messages are handed to the library at once, in batch order, from
+a thread (``publish`` may block) (:func:`~outrelay.kit.send_pipelined`); each outcome is recorded as soon as
 the send returns or is cut, and nothing is started once the relay stops.
 Without ``ordering`` a later message of a failed stream may still be stored;
 it stays Delivered and the possible break in order is logged
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -53,6 +54,8 @@ from outrelay.kit import (
     Rejected,
     RetryLater,
     SendResult,
+    failing_staged,
+    not_sent,
     send_pipelined,
 )
 from outrelay.transports.pubsub._client import make_publisher, stop_publisher, wait_ready
@@ -95,7 +98,7 @@ class PubSubTransport(LifecycleTransport[PubSubConfig]):
         )
 
     async def _open(self) -> None:
-        client = make_publisher(self.cfg)
+        client = await asyncio.to_thread(make_publisher, self.cfg)  # builds a gRPC channel: not on the loop
         self._client = client  # _close releases it if the channel never gets ready
         await asyncio.to_thread(wait_ready, client, self.cfg)
 
@@ -118,41 +121,74 @@ class PubSubTransport(LifecycleTransport[PubSubConfig]):
         return f"project {project} reachable ({where}); topics from template {self.cfg.topic!r}"
 
     async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
+        loop, client = asyncio.get_running_loop(), self._client
+        staged: list[tuple[Message, asyncio.Future[Any]]] = []
+
+        async def stage(m: Message) -> asyncio.Future[Any] | SendResult:
+            if len(m.event.data) > self.cfg.max_message_bytes:
+                return Rejected(
+                    f"message of {len(m.event.data)} bytes exceeds max_message_bytes={self.cfg.max_message_bytes}"
+                )
+            staged.append((m, future := loop.create_future()))
+            return future
+
+        async def flush() -> None:
+            # publish() may block (it starts the library's commit thread): never on the event loop
+            with failing_staged([f for _, f in staged]):
+                handed = await asyncio.to_thread(self._publish_all, client, [m for m, _ in staged])
+            for (m, future), h in zip(staged, handed, strict=True):
+                if h is None:
+                    future.set_result(not_sent(m.key))
+                elif isinstance(h, BaseException):
+                    future.set_exception(h)
+                else:
+                    asyncio.wrap_future(h).add_done_callback(functools.partial(_settle, future))
+
         out: list[SendResult] = []
         try:
             out = await send_pipelined(
                 batch,
-                self._start,
+                stage,
                 self._outcome,
                 timeout=self.cfg.publish_timeout,
                 destination=self.destination,
                 log=log,
                 fix="set ordering = true",
+                flush=flush,
             )
             return out
         finally:
             if self.cfg.ordering:  # a cut send resumes every key of the batch
                 self._resume_failed_keys(batch, out or [RetryLater("cut")] * len(batch))
 
-    async def _start(self, m: Message) -> asyncio.Future[Any] | SendResult:
-        """Hand ``m`` to the library's batcher (a result: it was not handed over)."""
-        limit = self.cfg.max_message_bytes
-        if len(m.event.data) > limit:
-            return Rejected(f"message of {len(m.event.data)} bytes exceeds max_message_bytes={limit}")
-        key = m.key if self.cfg.ordering else ""
-        try:
-            future = self._client.publish(
-                self.cfg.topic_path(m.target), m.event.data, ordering_key=key, **attributes(m.event)
-            )
-        except Exception as exc:  # raised at once: too large, stopped publisher
-            return ERRORS.result(exc, "publish")
-        return asyncio.wrap_future(future)
+    def _publish_all(self, client: Any, messages: Sequence[Message]) -> list[Any]:
+        """Hand ``messages`` to the library's batcher in order (blocking: call it in a thread). Per
+        message: its publish future, the exception ``publish`` raised at once (too large, stopped
+        publisher), or None (an earlier message of its key raised: not handed over)."""
+        halted: set[str] = set()
+        out: list[Any] = []
+        for m in messages:
+            if m.key in halted:
+                out.append(None)
+                continue
+            key = m.key if self.cfg.ordering else ""
+            try:
+                out.append(
+                    client.publish(self.cfg.topic_path(m.target), m.event.data, ordering_key=key, **attributes(m.event))
+                )
+            except Exception as exc:
+                out.append(exc)
+                halted.add(m.key)
+        return out
 
     def _outcome(self, m: Message, future: asyncio.Future[Any]) -> SendResult:
         if future.cancelled():
             return RetryLater(f"publish not confirmed within publish_timeout={self.cfg.publish_timeout}s")
         exc = future.exception()
-        return Delivered() if exc is None else ERRORS.result(exc, "publish")
+        if exc is not None:
+            return ERRORS.result(exc, "publish")
+        result = future.result()  # the message id, or the result of a message not handed over
+        return result if isinstance(result, SendResult) else Delivered()
 
     def _resume_failed_keys(self, batch: Sequence[Message], results: Sequence[SendResult]) -> None:
         """Unpause every ordering key that failed, so the relay's retry can publish it.
@@ -168,3 +204,16 @@ class PubSubTransport(LifecycleTransport[PubSubConfig]):
 
     def reader(self, target: str, **options: Any) -> Reader:
         return PubSubReader(self.cfg, self.cfg.topic_path(target), ordering=self.cfg.ordering, **options)
+
+
+def _settle(target: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:
+    """Copy ``source``'s outcome to ``target`` unless that is done already (cut by the timeout)."""
+    exc = None if source.cancelled() else source.exception()  # retrieved either way: no "never retrieved"
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif exc is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
