@@ -387,6 +387,47 @@ class TestReading:
             fast.target = "other"  # type: ignore[misc]
 
 
+class TestDisablingErrorMap:
+    """kit.DisablingErrorMap: a refused caller stops the destination instead of retrying or dead-lettering."""
+
+    class Refused(Exception):
+        pass
+
+    def table(self, *, chain: bool = True) -> kit.DisablingErrorMap:
+        return kit.DisablingErrorMap(
+            (self.Refused, "reject", "not allowed to publish (grant the role)"),
+            (TimeoutError, "retry"),
+            disable=self.Refused,
+            chain=chain,
+        )
+
+    def test_refused_is_rejected_with_disable_destination(self) -> None:
+        """The refusal is Rejected(disable_destination=True) with the rule's hint; other errors as ErrorMap."""
+        errors = self.table()
+        r = errors.result(self.Refused("token=abc123 denied"), "publish")
+        assert isinstance(r, Rejected) and r.disable_destination
+        assert "grant the role" in r.reason and "abc123" not in r.reason
+        assert isinstance(errors.result(TimeoutError("slow")), kit.RetryLater)
+        assert not errors.disables(kit.PermanentError("ours"))  # OutrelayErrors are never re-mapped
+        with pytest.raises(PermanentError, match="grant the role"), errors.boundary("open", destination="d"):
+            raise self.Refused("no")
+
+    def test_unchained_boundary_drops_the_vendor_text(self) -> None:
+        """chain=False: the raised error has no __cause__ (a vendor text that may quote a secret)."""
+        with pytest.raises(kit.RetryableError) as raised, self.table(chain=False).boundary("open"):
+            raise TimeoutError("Endpoint=sb://x;SharedAccessKey=s3cr3t")
+        assert raised.value.__cause__ is None and "s3cr3t" not in str(raised.value)
+        with pytest.raises(kit.RetryableError) as chained, self.table().boundary("open"):
+            raise TimeoutError("slow")
+        assert isinstance(chained.value.__cause__, TimeoutError)
+
+
+def test_redact_masks_sas_signatures() -> None:
+    """A Shared Access Signature's sig= value is masked like a SharedAccessKey."""
+    text = kit.redact("SharedAccessSignature sr=sb%3a%2f%2fns&sig=AbC%2bd3f%3d&se=1700000000&skn=Root")
+    assert "AbC" not in text and "sig=***" in text and "skn=Root" in text
+
+
 class TestSendEach:
     """kit.send_each: one synchronous call per message, the order rule kept."""
 

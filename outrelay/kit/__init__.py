@@ -19,6 +19,7 @@ Everything a transport needs, and nothing it should not touch::
 * :class:`ErrorMap` — vendor exceptions to RetryLater/Rejected/RetryableError/
   PermanentError in one table; :func:`redact` masks credentials in messages,
   :func:`mask_url` the password of a URL (the user name stays);
+  :class:`DisablingErrorMap` also stops the destination when the credentials are refused;
 * ordering helpers — :func:`send_in_key_order`, :func:`send_chained`,
   :func:`send_pipelined`, :func:`hold_after_failures`, :func:`not_sent`,
   :func:`deferred`, :func:`failing_staged`: order per key kept, progress
@@ -85,6 +86,7 @@ from outrelay.core.transport import (
     Transport,
     TransportConfig,
 )
+from outrelay.kit._disable import DisablingErrorMap
 from outrelay.kit._each import send_each
 from outrelay.kit._errors import ErrorMap, Kind, Rule, redact
 from outrelay.kit._lifecycle import LifecycleTransport, State
@@ -108,6 +110,7 @@ __all__ = [
     "Capabilities",
     "ConfigError",
     "Delivered",
+    "DisablingErrorMap",
     "ErrorMap",
     "Event",
     "EventError",

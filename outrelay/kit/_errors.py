@@ -43,7 +43,7 @@ Kind = Literal["retry", "reject"]
 Match: TypeAlias = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 
 _URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
-_SECRET_VALUE = re.compile(r"(?i)\b(password|passwd|pwd|token|secret|api[_-]?key|sharedaccesskey)=([^\s;&,]+)")
+_SECRET_VALUE = re.compile(r"(?i)\b(password|passwd|pwd|token|secret|api[_-]?key|sharedaccesskey|sig)=([^\s;&,]+)")
 
 
 def redact(text: str) -> str:

@@ -136,7 +136,8 @@ def pubsub_emulator() -> Iterator[str]:
 
 def create_topic(host: str, topic: str, *, subscription: str | None = None, ordering: bool = True) -> str:
     """Create ``topic`` (and optionally a pull ``subscription``) on the emulator; returns the topic path."""
-    from outrelay.transports.pubsub._config import PubSubConfig, make_publisher, make_subscriber
+    from outrelay.transports.pubsub._client import make_publisher, make_subscriber
+    from outrelay.transports.pubsub._config import PubSubConfig
 
     cfg = PubSubConfig(project=PROJECT, emulator_host=host)
     pub = make_publisher(cfg)

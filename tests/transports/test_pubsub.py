@@ -174,6 +174,19 @@ class TestLifecycle:
         with pytest.raises(TransportError, match="not found"):
             await _transport(pubsub_emulator, "missing-" + topic).check()
 
+    async def test_check_leaves_an_open_transport_open(self, pubsub_emulator: str) -> None:
+        """check() on an open transport probes it and leaves it open: a send right after is delivered."""
+        topic = _topic()
+        create_topic(pubsub_emulator, topic)
+        t = _transport(pubsub_emulator, topic)
+        await t.open()
+        try:
+            assert topic in await t.check()
+            assert t.is_open
+            assert await t.send(_msgs([Event(type="t", stream="s")], topic)) == [Delivered()]
+        finally:
+            await t.close()
+
 
 @pytest.mark.parametrize("kind", ["PermissionDenied", "Unauthenticated"])
 def test_refused_credentials_are_permanent(kind: str) -> None:
@@ -182,7 +195,7 @@ def test_refused_credentials_are_permanent(kind: str) -> None:
     itself is what can be tested here)."""
     from google.api_core import exceptions as gexc
 
-    from outrelay.transports.pubsub._transport import classify
+    from outrelay.transports.pubsub._errors import ERRORS
 
-    r = classify(getattr(gexc, kind)("caller lacks pubsub.topics.publish"))
+    r = ERRORS.result(getattr(gexc, kind)("caller lacks pubsub.topics.publish"))
     assert isinstance(r, Rejected) and r.disable_destination and "roles/pubsub.publisher" in r.reason

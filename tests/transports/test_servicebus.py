@@ -19,8 +19,9 @@ import pytest
 
 from outrelay import Event, Message, RetryableError, TransportError, UsageError
 from outrelay.conformance._proxy import TcpProxy
-from outrelay.core.transport import Delivered, Rejected, RetryLater
-from outrelay.transports.servicebus._config import ServiceBusConfig, mask
+from outrelay.core.transport import Delivered, NotSent, Rejected, RetryLater
+from outrelay.kit import Progress, redact, sending
+from outrelay.transports.servicebus._config import ServiceBusConfig
 from outrelay.transports.servicebus._transport import ServiceBusTransport
 from tests.peers.amqp_servicebus_peer import ServiceBusEnv, connection_string
 from tests.services import free_port
@@ -85,6 +86,34 @@ class TestMapping:
             seen[g.key or ""].append(g.event.id)
         for s in ("s0", "s1", "s2"):
             assert seen[s] == [e.id for e in events if e.stream == s]
+
+    async def test_progress_per_service_bus_batch(self, servicebus_env: ServiceBusEnv) -> None:
+        """Each Service Bus batch's outcome is reported to the send's progress as the broker answers it; a
+        later batch is not started once the deadline is too near (deferred, nothing sent), nor once stopping."""
+        queue = await servicebus_env.provision(_name(), sessions=True)
+        t = _transport(servicebus_env, queue, sessions=True)
+        events = [Event(type="t", stream="s", data=b"x" * 2000 + str(i).encode()) for i in range(300)]
+        batch = _msgs(events, queue)
+        await t.open()
+        try:
+            async with t.reader(queue) as reader:
+                stopped = Progress()
+                stopped.stop()
+                with sending(stopped):
+                    assert all(isinstance(r, NotSent) for r in await t.send(batch))
+                tight = Progress(deadline=asyncio.get_running_loop().time() + 0.001)
+                with sending(tight):
+                    results = await t.send(batch)
+                delivered = [r for r in results if isinstance(r, Delivered)]
+                got = await reader.read(len(delivered), 10)
+                got += await reader.read(1, 0.5)  # nothing more: deferred messages were not sent
+        finally:
+            await t.close()
+        assert 0 < len(delivered) < 300  # the first batch (~120 messages of 2 KB) only
+        assert results == [Delivered()] * len(delivered) + [results[-1]] * (300 - len(delivered))
+        assert isinstance(results[-1], NotSent) and tight.declined
+        assert [tight.outcome(m) for m in batch[: len(delivered)]] == delivered
+        assert [g.event.id for g in got] == [e.id for e in events[: len(delivered)]]
 
     async def test_size_limits(self, servicebus_env: ServiceBusEnv) -> None:
         """Exactly max_message_bytes is delivered, one byte more is Rejected, and so is what no empty batch holds."""
@@ -170,12 +199,14 @@ class TestCapabilities:
             ServiceBusConfig(queue="q")
 
     def test_secrets_never_printed(self) -> None:
-        """The connection string is a SecretStr and SharedAccessKey is masked in any text."""
+        """The connection string is a SecretStr; SharedAccessKey and SAS signatures are masked in any text."""
         conn = connection_string(1).replace("SAS_KEY_VALUE", "s3cr3t-key")
         cfg = ServiceBusConfig(connection_string=conn, queue="q")
         assert "s3cr3t" not in repr(cfg) and "s3cr3t" not in repr(ServiceBusTransport(cfg))
-        assert "s3cr3t" not in mask(f"failed: {conn}", cfg)
-        assert "s3cr3t" not in mask("Endpoint=sb://x;SharedAccessKey=s3cr3t-key;", cfg)
+        assert "s3cr3t" not in redact(f"failed: {conn}")
+        assert "s3cr3t" not in redact("Endpoint=sb://x;SharedAccessKey=s3cr3t-key;")
+        sas = "SharedAccessSignature=SharedAccessSignature sr=sb%3a%2f%2fx&sig=s3cr3t%3d&se=1&skn=Root"
+        assert "s3cr3t" not in redact(f"Endpoint=sb://x;{sas}")
 
 
 class TestFailures:
@@ -233,6 +264,18 @@ class TestLifecycle:
         queue = await servicebus_env.provision(_name())
         line = await _transport(servicebus_env, queue).check()
         assert queue in line and "\n" not in line
+
+    async def test_check_leaves_an_open_transport_open(self, servicebus_env: ServiceBusEnv) -> None:
+        """check() on an open transport reuses its sender and leaves it open: a send right after is delivered."""
+        queue = await servicebus_env.provision(_name())
+        t = _transport(servicebus_env, queue)
+        await t.open()
+        try:
+            assert queue in await t.check()
+            assert t.is_open
+            assert await t.send(_msgs([Event(type="t", stream="s")], queue)) == [Delivered()]
+        finally:
+            await t.close()
 
 
 def _open_writers(port: int) -> int:
@@ -377,10 +420,11 @@ def test_refused_credentials_stop_the_destination(kind: str) -> None:
     import azure.servicebus.exceptions as sbe
 
     from outrelay.core.errors import PermanentError
-    from outrelay.transports.servicebus._transport import classify, map_errors
+    from outrelay.transports.servicebus._errors import ERRORS, result
 
     cfg = ServiceBusConfig(connection_string=connection_string(1), queue="q")
-    r = classify(getattr(sbe, kind)(message="Unauthorized access. 'Send' claim(s) are required"), cfg)
+    r = result(getattr(sbe, kind)(message="Unauthorized access. 'Send' claim(s) are required"), cfg)
     assert isinstance(r, Rejected) and r.disable_destination and "Send claim" in r.reason
-    with pytest.raises(PermanentError, match="Send claim"), map_errors(cfg, "sb", "open"):
+    with pytest.raises(PermanentError, match="Send claim") as raised, ERRORS.boundary("open", destination="sb"):
         raise getattr(sbe, kind)(message="refused")
+    assert raised.value.__cause__ is None  # the SDK's text may quote the connection string

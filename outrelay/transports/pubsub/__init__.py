@@ -1,16 +1,12 @@
-"""The ``pubsub`` transport plugin; the implementation needs ``pip install "outrelay[pubsub]"``.
+"""Google Cloud Pub/Sub (``pubsub``): ``pip install "outrelay[pubsub]"``.
 
-Importing this package never imports the client library: the registry
-loads ``_transport.py`` only when a destination uses ``pubsub``.
+Registering it imports nothing of ``google-cloud-pubsub``; the registry loads
+``_transport`` when a destination says ``transport = "pubsub"``.
 """
 
 from __future__ import annotations
 
 from outrelay.kit import transport_plugin
 
-outrelay_add_transports = transport_plugin(
-    "pubsub",
-    "outrelay.transports.pubsub._transport:PubSubTransport",
-    requires=("google.cloud.pubsub_v1",),
-    extra="pubsub",
-)
+_IMPL = "outrelay.transports.pubsub._transport:PubSubTransport"
+outrelay_add_transports = transport_plugin("pubsub", _IMPL, requires=("google.cloud.pubsub_v1",), extra="pubsub")

@@ -1,4 +1,4 @@
-"""Config model of the ``pubsub`` transport and its client construction.
+"""Config model of the ``pubsub`` transport (the clients are built in ``_client``).
 
 The emulator is reached through ``emulator_host`` (an insecure gRPC channel
 to that address, anonymous credentials) instead of the process-wide
@@ -10,13 +10,11 @@ Credentials.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, field_validator
 
 from outrelay.kit import TransportConfig
 
-__all__ = ["PubSubConfig", "make_publisher", "make_subscriber"]
+__all__ = ["SERVER_REQUEST_LIMIT", "PubSubConfig"]
 
 #: Pub/Sub accepts publish requests of at most 10,000,000 bytes (data, attributes, key).
 SERVER_REQUEST_LIMIT = 10_000_000
@@ -61,58 +59,13 @@ class PubSubConfig(TransportConfig):
             raise ValueError("emulator_host must be HOST:PORT, e.g. 127.0.0.1:8085")
         return value
 
+    @property
+    def endpoint(self) -> str:
+        """Where the publisher connects (for messages)."""
+        return self.emulator_host or "pubsub.googleapis.com"
+
     def topic_path(self, topic: str) -> str:
         return topic if topic.startswith("projects/") else f"projects/{self.project}/topics/{topic}"
 
     def subscription_path(self, name: str) -> str:
         return name if name.startswith("projects/") else f"projects/{self.project}/subscriptions/{name}"
-
-
-def _client_kwargs(cfg: PubSubConfig, transport_cls: Any) -> dict[str, Any]:
-    if cfg.emulator_host:
-        import grpc  # type: ignore[import-untyped]
-
-        # unlimited like the library's own channels (gRPC's default caps receives at 4 MB)
-        options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-        channel = grpc.insecure_channel(cfg.emulator_host, options=options)
-        return {"transport": transport_cls(channel=channel)}
-    if cfg.credentials_file:
-        from google.oauth2 import service_account
-
-        creds = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]
-            cfg.credentials_file
-        )
-        return {"credentials": creds}
-    return {}
-
-
-def make_publisher(cfg: PubSubConfig) -> Any:
-    """A ``PublisherClient`` for ``cfg``.
-
-    :raises google.auth.exceptions.DefaultCredentialsError: no credentials
-        found (the caller maps it).
-    """
-    from google.cloud import pubsub_v1
-    from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
-
-    batch = pubsub_v1.types.BatchSettings(
-        max_bytes=cfg.max_batch_bytes, max_latency=cfg.max_latency, max_messages=cfg.max_messages
-    )
-    options = pubsub_v1.types.PublisherOptions(
-        enable_message_ordering=cfg.ordering,
-        # retry=None: one RPC attempt; failures go back to the relay, whose
-        # backoff (with jitter, per stream) replaces the library's.
-        **({} if cfg.sdk_retry else {"retry": None}),
-        timeout=cfg.publish_timeout,
-    )
-    return pubsub_v1.PublisherClient(
-        batch_settings=batch, publisher_options=options, **_client_kwargs(cfg, PublisherGrpcTransport)
-    )
-
-
-def make_subscriber(cfg: PubSubConfig) -> Any:
-    """A ``SubscriberClient`` for ``cfg`` (readers and provisioning)."""
-    from google.cloud import pubsub_v1
-    from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
-
-    return pubsub_v1.SubscriberClient(**_client_kwargs(cfg, SubscriberGrpcTransport))

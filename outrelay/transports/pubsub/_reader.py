@@ -12,8 +12,13 @@ import asyncio
 import uuid
 from typing import Any
 
-from outrelay.kit import Reader, Received, RetryableError, UsageError, from_binary
-from outrelay.transports.pubsub._config import PubSubConfig, make_subscriber
+from google.api_core import exceptions as gexc
+
+from outrelay.kit import Reader, Received, UsageError
+from outrelay.transports.pubsub._client import make_subscriber
+from outrelay.transports.pubsub._config import PubSubConfig
+from outrelay.transports.pubsub._errors import ERRORS
+from outrelay.transports.pubsub._wire import decode
 
 __all__ = ["PubSubReader"]
 
@@ -30,6 +35,8 @@ class PubSubReader(Reader):
         self._buffer: list[Received] = []
 
     async def start(self) -> None:
+        """Create this reader's subscription. :raises RetryableError/PermanentError: as ``_errors.ERRORS``."""
+
         def create() -> Any:
             client = make_subscriber(self.cfg)
             try:
@@ -42,16 +49,15 @@ class PubSubReader(Reader):
                     },
                     timeout=self.cfg.open_timeout * 2,
                 )
-            except Exception as exc:
+            except BaseException:
                 client.close()
-                raise RetryableError(f"cannot create subscription on {self.topic}: {exc}") from exc
+                raise
             return client
 
-        self._client = await asyncio.to_thread(create)
+        with ERRORS.boundary(f"cannot create a subscription on {self.topic}"):
+            self._client = await asyncio.to_thread(create)
 
     def _pull(self, max_messages: int, timeout: float) -> list[Received]:
-        from google.api_core import exceptions as gexc
-
         try:
             resp = self._client.pull(
                 request={"subscription": self.subscription, "max_messages": max_messages},
@@ -65,15 +71,7 @@ class PubSubReader(Reader):
         self._client.acknowledge(
             request={"subscription": self.subscription, "ack_ids": [r.ack_id for r in resp.received_messages]}
         )
-        out = []
-        for r in resp.received_messages:
-            msg = r.message
-            attrs = dict(msg.attributes)
-            data = bytes(msg.data)
-            ctype = attrs.get("content-type")
-            event = from_binary(attrs, data, content_type=ctype, prefix="ce-")
-            out.append(Received(event, self.topic, msg.ordering_key or None, attrs, data, ctype))
-        return out
+        return [decode(r.message, self.topic) for r in resp.received_messages]
 
     async def read(self, count: int, timeout: float) -> list[Received]:
         if self._client is None:

@@ -21,206 +21,174 @@ Capabilities, honestly:
   delivered — those are reported :class:`RetryLater`, and the key is resumed
   before ``send`` returns so the relay's retry can publish again.
 
-Failure modes: gRPC errors map to RetryLater (UNAVAILABLE, RESOURCE_EXHAUSTED,
-DEADLINE_EXCEEDED, NOT_FOUND: fixable without losing the event) or Rejected
-(INVALID_ARGUMENT, too large, and PERMISSION_DENIED / UNAUTHENTICATED:
-credentials that may not publish would otherwise be retried for ever — the
-conformance suite's rule; those are Rejected with ``disable_destination``,
-so the destination stops and its events stay pending until the role is
-granted and an operator runs ``outrelay enable``). ``open`` raises
-RetryableError within ``open_timeout`` when the endpoint does not answer.
+Progress: the messages are handed to the library at once, in batch order, from
+a thread (``publish`` may block) (:func:`~outrelay.kit.send_pipelined`); each outcome is recorded as soon as
+the send returns or is cut, and nothing is started once the relay stops.
+Without ``ordering`` a later message of a failed stream may still be stored;
+it stays Delivered and the possible break in order is logged
+(:func:`~outrelay.kit.hold_after_failures`).
+
+Failure modes: one table, ``_errors.ERRORS`` (gRPC errors to RetryLater or
+Rejected; PERMISSION_DENIED / UNAUTHENTICATED to Rejected with
+``disable_destination``). ``open`` raises RetryableError within
+``open_timeout`` when the endpoint does not answer; ``check`` (the kit's)
+leaves an open transport open.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import functools
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 from outrelay.kit import (
     Capabilities,
     Delivered,
     Event,
+    LifecycleTransport,
     Message,
-    PermanentError,
     Reader,
     Rejected,
-    RetryableError,
     RetryLater,
     SendResult,
-    Template,
-    Transport,
-    TransportError,
-    UsageError,
-    binary_headers,
+    failing_staged,
+    not_sent,
+    send_pipelined,
 )
-from outrelay.transports.pubsub._config import PubSubConfig, make_publisher
+from outrelay.transports.pubsub._client import make_publisher, stop_publisher, wait_ready
+from outrelay.transports.pubsub._config import PubSubConfig
+from outrelay.transports.pubsub._errors import ERRORS
 from outrelay.transports.pubsub._reader import PubSubReader
+from outrelay.transports.pubsub._wire import attributes
 
 __all__ = ["PubSubConfig", "PubSubTransport"]
 
-CONTENT_TYPE_ATTR = "content-type"
-_PAUSED = "an earlier message with this ordering key failed"
+log = logging.getLogger("outrelay.transports.pubsub")
 
 
-def classify(exc: BaseException) -> SendResult:
-    """Map one publish failure to a per-message result (the one boundary)."""
-    from google.api_core import exceptions as gexc
-    from google.cloud.pubsub_v1.publisher import exceptions as pexc
-
-    if isinstance(exc, pexc.PublishToPausedOrderingKeyException):
-        return RetryLater(_PAUSED)
-    if isinstance(exc, pexc.MessageTooLargeError):
-        return Rejected(f"message too large for Pub/Sub: {exc}")
-    if isinstance(exc, gexc.InvalidArgument):
-        return Rejected(f"Pub/Sub rejected the message (INVALID_ARGUMENT): {exc.message}")
-    if isinstance(exc, gexc.NotFound):
-        return RetryLater(f"topic not found (create it or fix destinations.*.topic): {exc.message}")
-    if isinstance(exc, gexc.PermissionDenied | gexc.Unauthenticated):
-        return Rejected(
-            f"not allowed to publish (grant roles/pubsub.publisher, or fix the credentials, then `outrelay enable` "
-            f"the destination): {exc.message}",
-            disable_destination=True,
-        )
-    if isinstance(exc, gexc.GoogleAPICallError):
-        return RetryLater(f"Pub/Sub {type(exc).__name__}: {exc.message}")
-    if isinstance(exc, TimeoutError | concurrent.futures.TimeoutError):
-        return RetryLater("publish timed out")
-    if isinstance(exc, RuntimeError):  # the library's "publisher stopped" and friends
-        return RetryLater(f"publisher unusable: {exc}")
-    return RetryLater(f"unexpected {type(exc).__name__} while publishing")
-
-
-@contextmanager
-def map_errors(destination: str, what: str) -> Iterator[None]:
-    """Turn library exceptions outside ``send`` into outrelay errors."""
-    try:
-        yield
-    except TransportError:
-        raise
-    except Exception as exc:
-        from google.auth import exceptions as aexc
-
-        if isinstance(exc, aexc.DefaultCredentialsError):
-            raise PermanentError(
-                f"{what}: no Google credentials (set credentials_file, run `gcloud auth application-default login`,"
-                " or set emulator_host)",
-                destination=destination,
-            ) from exc
-        result = classify(exc)
-        if isinstance(result, Rejected):
-            raise PermanentError(f"{what}: {result.reason}", destination=destination) from exc
-        assert isinstance(result, RetryLater)
-        raise RetryableError(f"{what}: {result.error}", destination=destination) from exc
-
-
-class PubSubTransport(Transport):
+class PubSubTransport(LifecycleTransport[PubSubConfig]):
     """See the module docstring."""
 
     name = "pubsub"
     Config = PubSubConfig
+    errors = ERRORS
+    target_option = "topic"
+    target_segment = "name"
+    target_alphabet = r"A-Za-z0-9._~+\-"
 
     def __init__(self, config: PubSubConfig, *, destination: str = "pubsub") -> None:
         super().__init__(config, destination=destination)
-        self.cfg: PubSubConfig = config
-        self._template = Template(
-            config.topic, where=f"destinations.{destination}.topic", segment="name", alphabet=r"A-Za-z0-9._~+\-"
-        )
         self._client: Any = None
-        self._state = "new"
 
     @property
     def capabilities(self) -> Capabilities:
+        c = self.cfg
         return Capabilities(
-            ordering_by_key=self.cfg.ordering,
-            ordered_batches=self.cfg.ordering,
+            ordering_by_key=c.ordering,
+            ordered_batches=c.ordering,
             native_dedupe=False,
-            max_batch_count=self.cfg.max_messages,
-            max_batch_bytes=self.cfg.max_batch_bytes,
-            max_message_bytes=self.cfg.max_message_bytes,
+            max_batch_count=c.max_messages,
+            max_batch_bytes=c.max_batch_bytes,
+            max_message_bytes=c.max_message_bytes,
             cloudevents_modes=("binary",),
             reader=True,
         )
 
-    def target(self, event: Event) -> str:
-        return self._template.render(event)
+    async def _open(self) -> None:
+        client = await asyncio.to_thread(make_publisher, self.cfg)  # builds a gRPC channel: not on the loop
+        self._client = client  # _close releases it if the channel never gets ready
+        await asyncio.to_thread(wait_ready, client, self.cfg)
 
-    async def open(self) -> None:
-        if self._state == "open":
-            return
-        with map_errors(self.destination, "cannot open Pub/Sub publisher"):
-            client = make_publisher(self.cfg)
-        try:
-            await asyncio.to_thread(self._wait_ready, client)
-        except BaseException:
-            client.stop()
-            raise
-        self._client = client
-        self._state = "open"
+    async def _close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:  # stop() flushes and joins threads: not on the loop
+            await asyncio.to_thread(stop_publisher, client)
 
-    def _wait_ready(self, client: Any) -> None:
-        import grpc  # type: ignore[import-untyped]
+    async def _check(self) -> str:
+        """The topic exists (static template), or the project answers (templated)."""
+        where, timeout = self.cfg.endpoint, self.cfg.open_timeout
+        if self._template is not None and self._template.is_static:
+            topic = self.cfg.topic_path(self.target(Event(type="check", stream="check")))
+            with ERRORS.boundary(f"cannot reach topic {topic}", destination=self.destination):
+                await asyncio.to_thread(self._client.get_topic, topic=topic, timeout=timeout)
+            return f"topic {topic} exists ({where})"
+        project = f"projects/{self.cfg.project}"
+        with ERRORS.boundary(f"cannot list the topics of {project}", destination=self.destination):
+            await asyncio.to_thread(lambda: next(iter(self._client.list_topics(project=project, timeout=timeout)), 0))
+        return f"project {project} reachable ({where}); topics from template {self.cfg.topic!r}"
 
-        channel = client.transport.grpc_channel
-        try:
-            grpc.channel_ready_future(channel).result(timeout=self.cfg.open_timeout)
-        except grpc.FutureTimeoutError as exc:
-            where = self.cfg.emulator_host or "pubsub.googleapis.com"
-            raise RetryableError(
-                f"Pub/Sub endpoint {where} did not answer within {self.cfg.open_timeout}s",
-                destination=self.destination,
-            ) from exc
+    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
+        loop, client = asyncio.get_running_loop(), self._client
+        staged: list[tuple[Message, asyncio.Future[Any]]] = []
 
-    def _attributes(self, event: Event) -> dict[str, str]:
-        attrs = binary_headers(event, prefix="ce-")
-        if event.content_type:
-            attrs[CONTENT_TYPE_ATTR] = event.content_type
-        return attrs
-
-    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
-        if self._state != "open":
-            raise UsageError(f"pubsub transport {self.destination!r} is {self._state}, not open")
-        client = self._client
-        limit = self.cfg.max_message_bytes
-        results: list[SendResult | None] = [None] * len(batch)
-        pending: list[tuple[int, asyncio.Future[Any]]] = []
-        held: set[str] = set()  # keys with a failure before publishing: nothing later of theirs goes out
-        for i, m in enumerate(batch):
-            if m.key in held:
-                results[i] = RetryLater(_PAUSED)
-                continue
-            if len(m.event.data) > limit:
-                results[i] = Rejected(f"message of {len(m.event.data)} bytes exceeds max_message_bytes={limit}")
-                held.add(m.key)
-                continue
-            topic = self.cfg.topic_path(m.target)
-            try:
-                fut = client.publish(
-                    topic, m.event.data, ordering_key=m.key if self.cfg.ordering else "", **self._attributes(m.event)
+        async def stage(m: Message) -> asyncio.Future[Any] | SendResult:
+            if len(m.event.data) > self.cfg.max_message_bytes:
+                return Rejected(
+                    f"message of {len(m.event.data)} bytes exceeds max_message_bytes={self.cfg.max_message_bytes}"
                 )
-            except Exception as exc:  # raised synchronously: too large, stopped publisher
-                results[i] = classify(exc)
-                held.add(m.key)
-                continue
-            pending.append((i, asyncio.wrap_future(fut)))
-        if pending:
-            _, not_done = await asyncio.wait([f for _, f in pending], timeout=self.cfg.publish_timeout)
-            for f in not_done:
-                f.cancel()
-            for i, f in pending:
-                if f in not_done:
-                    results[i] = RetryLater(f"publish not confirmed within {self.cfg.publish_timeout}s")
-                elif f.exception() is not None:
-                    results[i] = classify(f.exception())  # type: ignore[arg-type]
+            staged.append((m, future := loop.create_future()))
+            return future
+
+        async def flush() -> None:
+            # publish() may block (it starts the library's commit thread): never on the event loop
+            with failing_staged([f for _, f in staged]):
+                handed = await asyncio.to_thread(self._publish_all, client, [m for m, _ in staged])
+            for (m, future), h in zip(staged, handed, strict=True):
+                if h is None:
+                    future.set_result(not_sent(m.key))
+                elif isinstance(h, BaseException):
+                    future.set_exception(h)
                 else:
-                    results[i] = Delivered()
-        out: list[SendResult] = [r if r is not None else RetryLater("not sent") for r in results]
-        if self.cfg.ordering:
-            self._resume_failed_keys(batch, out)
+                    asyncio.wrap_future(h).add_done_callback(functools.partial(_settle, future))
+
+        out: list[SendResult] = []
+        try:
+            out = await send_pipelined(
+                batch,
+                stage,
+                self._outcome,
+                timeout=self.cfg.publish_timeout,
+                destination=self.destination,
+                log=log,
+                fix="set ordering = true",
+                flush=flush,
+            )
+            return out
+        finally:
+            if self.cfg.ordering:  # a cut send resumes every key of the batch
+                self._resume_failed_keys(batch, out or [RetryLater("cut")] * len(batch))
+
+    def _publish_all(self, client: Any, messages: Sequence[Message]) -> list[Any]:
+        """Hand ``messages`` to the library's batcher in order (blocking: call it in a thread). Per
+        message: its publish future, the exception ``publish`` raised at once (too large, stopped
+        publisher), or None (an earlier message of its key raised: not handed over)."""
+        halted: set[str] = set()
+        out: list[Any] = []
+        for m in messages:
+            if m.key in halted:
+                out.append(None)
+                continue
+            key = m.key if self.cfg.ordering else ""
+            try:
+                out.append(
+                    client.publish(self.cfg.topic_path(m.target), m.event.data, ordering_key=key, **attributes(m.event))
+                )
+            except Exception as exc:
+                out.append(exc)
+                halted.add(m.key)
         return out
+
+    def _outcome(self, m: Message, future: asyncio.Future[Any]) -> SendResult:
+        if future.cancelled():
+            return RetryLater(f"publish not confirmed within publish_timeout={self.cfg.publish_timeout}s")
+        exc = future.exception()
+        if exc is not None:
+            return ERRORS.result(exc, "publish")
+        result = future.result()  # the message id, or the result of a message not handed over
+        return result if isinstance(result, SendResult) else Delivered()
 
     def _resume_failed_keys(self, batch: Sequence[Message], results: Sequence[SendResult]) -> None:
         """Unpause every ordering key that failed, so the relay's retry can publish it.
@@ -229,39 +197,23 @@ class PubSubTransport(Transport):
         retry of the failed one (invariant 3), so resuming here is safe.
         """
         for m, r in zip(batch, results, strict=True):
-            if isinstance(r, RetryLater):
+            if not isinstance(r, Delivered) and self._client is not None:
                 # not paused (a timeout, or resumed already) or publisher stopped: nothing to do
                 with contextlib.suppress(RuntimeError, ValueError):
                     self._client.resume_publish(self.cfg.topic_path(m.target), m.key)
 
-    async def close(self) -> None:
-        client, self._client = self._client, None
-        if self._state == "open":
-            self._state = "closed"
-        if client is not None:
-            # stop() flushes pending batches and joins the library's threads;
-            # closing must not fail: nothing is confirmed after close anyway.
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(client.stop)
-            with contextlib.suppress(Exception):  # grpc's channel close waits on its threads: not on the loop
-                await asyncio.to_thread(client.transport.close)
-
-    async def check(self) -> str:
-        probe = Event(type="check", stream="check")
-        topic = self.cfg.topic_path(self.target(probe))
-        await self.open()
-        try:
-            with map_errors(self.destination, f"cannot reach topic {topic}"):
-                if self._template.is_static:
-                    await asyncio.to_thread(self._client.get_topic, topic=topic, timeout=self.cfg.open_timeout)
-                    return f"topic {topic} exists ({self.cfg.emulator_host or 'pubsub.googleapis.com'})"
-                project = f"projects/{self.cfg.project}"
-                await asyncio.to_thread(
-                    lambda: next(iter(self._client.list_topics(project=project, timeout=self.cfg.open_timeout)), None)
-                )
-                return f"project {project} reachable; topics from template {self.cfg.topic!r}"
-        finally:
-            await self.close()
-
     def reader(self, target: str, **options: Any) -> Reader:
         return PubSubReader(self.cfg, self.cfg.topic_path(target), ordering=self.cfg.ordering, **options)
+
+
+def _settle(target: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:
+    """Copy ``source``'s outcome to ``target`` unless that is done already (cut by the timeout)."""
+    exc = None if source.cancelled() else source.exception()  # retrieved either way: no "never retrieved"
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif exc is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())

@@ -1,16 +1,11 @@
-"""The ``servicebus`` transport plugin; the implementation needs ``pip install "outrelay[servicebus]"``.
+"""Azure Service Bus queues and topics over AMQP 1.0 (``servicebus``): ``pip install "outrelay[servicebus]"``.
 
-Importing this package never imports the client library: the registry
-loads ``_transport.py`` only when a destination uses ``servicebus``.
+Importing this package leaves ``azure-servicebus`` unimported until a destination uses it.
 """
 
 from __future__ import annotations
 
 from outrelay.kit import transport_plugin
 
-outrelay_add_transports = transport_plugin(
-    "servicebus",
-    "outrelay.transports.servicebus._transport:ServiceBusTransport",
-    requires=("azure.servicebus",),
-    extra="servicebus",
-)
+_IMPL = "outrelay.transports.servicebus._transport:ServiceBusTransport"
+outrelay_add_transports = transport_plugin("servicebus", _IMPL, requires=("azure.servicebus",), extra="servicebus")

@@ -1,9 +1,10 @@
-"""Config model of the ``servicebus`` transport and its client construction.
+"""Config model of the ``servicebus`` transport (the client is built in ``_client``).
 
 Two ways to authenticate, exactly one of them:
 
 * ``connection_string`` (a :class:`~pydantic.SecretStr`: never printed;
-  ``SharedAccessKey`` is masked in every error message);
+  ``SharedAccessKey`` and SAS signatures are masked in every error message
+  by :func:`outrelay.kit.redact`);
 * ``fully_qualified_namespace`` (``myns.servicebus.windows.net``) with
   ``DefaultAzureCredential`` from the optional ``azure-identity`` package
   (``pip install azure-identity``); without it, configuring this fails with
@@ -18,24 +19,17 @@ detection on (then a re-sent event id is dropped by Service Bus).
 
 from __future__ import annotations
 
-import hashlib
 import re
-from typing import Any
 
 from pydantic import Field, SecretStr, model_validator
 
-from outrelay.kit import MissingExtraError, TransportConfig
+from outrelay.kit import TransportConfig
 
-__all__ = ["ServiceBusConfig", "broker_id", "make_client", "mask"]
-
-#: Service Bus caps MessageId and SessionId at 128 characters.
-MAX_ID_LENGTH = 128
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "ServiceBusConfig"]
 
 #: Standard tier's 256 KiB per message, less room for the ``cloudEvents_*``
 #: application properties and the AMQP envelope.
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 - 16 * 1024
-
-_KEY = re.compile(r"(SharedAccessKey|SharedAccessSignature)=[^;\s]*", re.IGNORECASE)
 
 
 class ServiceBusConfig(TransportConfig):
@@ -74,6 +68,11 @@ class ServiceBusConfig(TransportConfig):
         return self
 
     @property
+    def entity_option(self) -> str:
+        """``"queue"`` or ``"topic"``: the option holding the target template."""
+        return "queue" if self.queue is not None else "topic"
+
+    @property
     def entity(self) -> str:
         return self.queue if self.queue is not None else self.topic  # type: ignore[return-value]
 
@@ -85,41 +84,3 @@ class ServiceBusConfig(TransportConfig):
         raw = self.connection_string.get_secret_value() if self.connection_string else ""
         found = re.search(r"Endpoint=([^;]+)", raw, re.IGNORECASE)
         return found.group(1).rstrip("/") if found else "(connection string without Endpoint)"
-
-
-def broker_id(value: str) -> str:
-    """``value`` as a MessageId/SessionId: itself, or when longer than 128
-    characters a stable ``sha256-<hex>`` of it (same input, same id: dedupe
-    and FIFO per stream still hold; the full value stays in ``cloudEvents_*``)."""
-    if len(value) <= MAX_ID_LENGTH:
-        return value
-    return "sha256-" + hashlib.sha256(value.encode()).hexdigest()
-
-
-def mask(text: str, cfg: ServiceBusConfig) -> str:
-    """``text`` with shared access keys and the connection string blanked."""
-    if cfg.connection_string is not None:
-        secret = cfg.connection_string.get_secret_value()
-        text = text.replace(secret, "<connection string>")
-    return _KEY.sub(lambda m: f"{m.group(1)}=***", text)
-
-
-def make_client(cfg: ServiceBusConfig, **options: Any) -> Any:
-    """An ``azure.servicebus.aio.ServiceBusClient`` for ``cfg``.
-
-    :raises MissingExtraError: ``fully_qualified_namespace`` without azure-identity.
-    """
-    from azure.servicebus.aio import ServiceBusClient
-
-    options.setdefault("retry_total", cfg.sdk_retry_total)
-    options.setdefault("retry_backoff_factor", 0.5)
-    if cfg.connection_string is not None:
-        return ServiceBusClient.from_connection_string(cfg.connection_string.get_secret_value(), **options)
-    try:
-        from azure.identity.aio import DefaultAzureCredential
-    except ImportError as exc:
-        raise MissingExtraError(
-            "fully_qualified_namespace needs azure-identity: pip install azure-identity (or use connection_string)"
-        ) from exc
-    assert cfg.fully_qualified_namespace is not None  # the validator guarantees one of the two
-    return ServiceBusClient(cfg.fully_qualified_namespace, DefaultAzureCredential(), **options)

@@ -24,20 +24,21 @@ import asyncio
 import contextlib
 from typing import Any
 
-from outrelay.kit import Reader, Received, RetryableError, UsageError, from_binary
-from outrelay.transports.servicebus._config import ServiceBusConfig, broker_id, make_client, mask
+from azure.servicebus import NEXT_AVAILABLE_SESSION
+from azure.servicebus.exceptions import OperationTimeoutError
+
+from outrelay.kit import Reader, Received, UsageError
+from outrelay.transports.servicebus._client import make_client, open_receiver
+from outrelay.transports.servicebus._config import ServiceBusConfig
+from outrelay.transports.servicebus._errors import ERRORS
 from outrelay.transports.servicebus._sockets import Guarded
+from outrelay.transports.servicebus._wire import decode
 
 __all__ = ["ServiceBusReader"]
 
-PREFIX = "cloudEvents_"
 #: Session receivers drained at once; each is its own AMQP connection. More
 #: starve a busy client, and a starved receive-and-delete receiver loses messages.
 _PARALLEL_SESSIONS = 8
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class ServiceBusReader(Reader):
@@ -54,51 +55,24 @@ class ServiceBusReader(Reader):
         self._buffer: list[Received] = []
 
     async def start(self) -> None:
+        """Connect, and attach the receiver unless sessions are read (one receiver per session).
+
+        :raises RetryableError/PermanentError: as ``_errors.ERRORS`` (nothing left open).
+        """
         self._client = make_client(self.cfg)
         if not self.cfg.sessions:
             try:
-                self._receiver = await self._open_receiver(None)
-            except TimeoutError:
+                with ERRORS.boundary(f"cannot attach a receiver to {self.entity!r}"):
+                    self._receiver = await self._open_receiver(None)
+            except BaseException:
                 await self.stop()
-                raise RetryableError(
-                    f"no receiver attached to {self.entity!r} on {self.cfg.endpoint} within "
-                    f"open_timeout={self.cfg.open_timeout}s; check that the endpoint is reachable and answers AMQP"
-                ) from None
-            except Exception as exc:
-                await self.stop()
-                raise RetryableError(mask(f"cannot attach a receiver to {self.entity!r}: {exc}", self.cfg)) from None
+                raise
 
-    async def _open_receiver(self, session: Any) -> Guarded:
-        """An open receiver (of ``session`` when given); a failed open leaves no socket behind.
-
-        :raises TimeoutError: not open within open_timeout.
-        :raises Exception: the SDK's error.
-        """
-        from azure.servicebus import ServiceBusReceiveMode
-
-        opts: dict[str, Any] = {"receive_mode": ServiceBusReceiveMode.RECEIVE_AND_DELETE, "max_wait_time": 1}
-        if session is not None:
-            opts["session_id"] = session
-        if self.subscription is not None:
-            r = self._client.get_subscription_receiver(self.entity, self.subscription, **opts)
-        else:
-            r = self._client.get_queue_receiver(self.entity, **opts)
-        guarded = Guarded(r)
-        await guarded.open(self.cfg.open_timeout)
-        return guarded
-
-    def _decode(self, msg: Any) -> Received:
-        props = {_text(k): _text(v) for k, v in (msg.application_properties or {}).items()}
-        body = b"".join(msg.body)
-        ctype = msg.content_type
-        event = from_binary(props, body, content_type=ctype, prefix=PREFIX)
-        headers = dict(props)
-        if msg.message_id is not None:
-            headers["message_id"] = str(msg.message_id)
-        key = msg.session_id
-        if key is not None and key == broker_id(event.stream):
-            key = event.stream  # a long stream travels hashed: report the stream it stands for
-        return Received(event, self.entity, key, headers, body, ctype)
+    async def _open_receiver(self, session: Any, wait: float = 1.0) -> Guarded:
+        """``wait``: seconds to wait for a session to become available (with a session)."""
+        return await open_receiver(
+            self._client, self.cfg, self.entity, subscription=self.subscription, session=session, wait=wait
+        )
 
     async def read(self, count: int, timeout: float) -> list[Received]:
         if self._client is None:
@@ -117,22 +91,19 @@ class ServiceBusReader(Reader):
             else:
                 assert self._receiver is not None  # start() opened it (no sessions)
                 msgs = await self._receiver.sdk.receive_messages(max_message_count=count - len(out), max_wait_time=wait)
-                out += [self._decode(m) for m in msgs]
+                out += [decode(m, self.entity) for m in msgs]
         out, self._buffer = out[:count], out[count:]
         return out
 
     async def _read_session(self, count: int, wait: float) -> list[Received]:
         """Accept the next available session and read it until it is empty (or ``count``)."""
-        from azure.servicebus import NEXT_AVAILABLE_SESSION
-        from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError
-
         try:
-            guarded = await self._open_receiver(NEXT_AVAILABLE_SESSION)
-        except (OperationTimeoutError, TimeoutError):
+            guarded = await self._open_receiver(NEXT_AVAILABLE_SESSION, wait)
+        except (OperationTimeoutError, TimeoutError):  # no session available now
             await asyncio.sleep(wait / 4)
             return []
-        except ServiceBusError as exc:
-            raise RetryableError(mask(f"cannot accept a session on {self.entity!r}: {exc}", self.cfg)) from None
+        except Exception as exc:
+            raise ERRORS.error(exc, f"cannot accept a session on {self.entity!r}") from None
         out: list[Received] = []
         empty = 0
         try:
@@ -147,7 +118,7 @@ class ServiceBusReader(Reader):
                     empty += 1
                     continue
                 empty = 0
-                out += [self._decode(m) for m in msgs]
+                out += [decode(m, self.entity) for m in msgs]
         except OperationTimeoutError:  # the session could not be locked after all
             pass
         finally:

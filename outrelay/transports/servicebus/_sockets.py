@@ -30,11 +30,18 @@ whichever test happens to run at the time. Bounding the open with the SDK's
 This was measured: the SDK cancels its own open in the same way, and
 ``socket_timeout`` does not bound the SASL handshake.
 
+Closing is also slow: each handler runs a keep-alive task that sleeps 1 s
+between checks (receivers always: the SDK forces a 5 s interval without
+prefetch), and ``close_async`` awaits it, so every close waited up to 1 s,
+failed session opens included (``NEXT_AVAILABLE_SESSION`` with no session).
+
 :class:`Guarded` wraps one SDK sender or receiver. It replaces that object's
 ``_create_handler`` so that every handler it makes records its
 ``Connection`` when ``open_async`` ends, whether it returns, raises or is
-cancelled. :meth:`Guarded.close` closes the SDK object (bounded, quietly) and
-then the socket of every recorded connection. Connections the SDK closed
+cancelled, and whose ``close_async`` first cancels the keep-alive task (it is
+being stopped anyway; only its sleep is not waited for). :meth:`Guarded.close`
+closes the SDK object (bounded, quietly) and then the socket of every
+recorded connection. Connections the SDK closed
 itself need no work. SDK private attributes are read defensively: if a later
 version renames them, the guard does nothing, and
 ``tests/transports/test_servicebus.py::TestSockets`` fails.
@@ -86,10 +93,16 @@ class Guarded:
         return create_handler
 
     def _watch(self, handler: Any) -> None:
-        """Make ``handler.open_async`` record the connection it opened, however it ends."""
+        """Make ``handler.open_async`` record the connection it opened, however it ends, and
+        ``handler.close_async`` stop the keep-alive task without waiting for its sleep."""
         open_async = getattr(handler, "open_async", None)
-        if not callable(open_async):
+        close_async = getattr(handler, "close_async", None)
+        if not callable(open_async) or not callable(close_async):
             return
+
+        async def prompt_close(*args: Any, **kwargs: Any) -> Any:
+            await _stop_keep_alive(handler)
+            return await close_async(*args, **kwargs)
 
         async def tracked_open(*args: Any, **kwargs: Any) -> Any:
             try:
@@ -98,6 +111,7 @@ class Guarded:
                 await self._record(getattr(handler, "_connection", None))
 
         handler.open_async = tracked_open
+        handler.close_async = prompt_close
 
     async def _record(self, connection: Any) -> None:
         if connection is None:
@@ -143,6 +157,18 @@ class Guarded:
         for connection in list(self._connections):
             await _close_socket(connection)
         self._connections.clear()
+
+
+async def _stop_keep_alive(handler: Any) -> None:
+    """Cancel ``handler``'s keep-alive task and wait (bounded) until it ended, so that the SDK's
+    ``close_async`` does not wait for the task's 1 s sleep. Nothing to do without one."""
+    task = getattr(handler, "_keep_alive_thread", None)
+    if not isinstance(task, asyncio.Future):
+        return
+    handler._keep_alive_thread = None  # close_async awaits it only while set
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=CLOSE_BOUND)
 
 
 def _writer(connection: Any) -> asyncio.StreamWriter | None:

@@ -1,14 +1,6 @@
 """The ``servicebus`` transport: Azure Service Bus through ``azure.servicebus.aio``.
 
-Mapping (the CloudEvents AMQP binding, binary mode):
-
-* data -> the message body (one Data section, bytes untouched);
-* CloudEvents attributes -> ``application_properties`` ``cloudEvents_*``;
-  ``datacontenttype`` -> ``content_type``;
-* event id -> ``message_id`` (Service Bus duplicate detection keys on it);
-* stream -> ``session_id`` when ``sessions`` (FIFO per stream), otherwise
-  ``partition_key`` on a ``partitioned`` entity. Values over Service Bus's
-  128 characters become a stable ``sha256-<hex>`` (see ``broker_id``).
+Mapping: the CloudEvents AMQP binding, binary mode (see ``_wire``).
 
 Messages go out in ``ServiceBusMessageBatch``es sized by the entity (the
 link's max message size): when a message does not fit, the batch is sent
@@ -22,13 +14,16 @@ Capabilities: ``ordering_by_key`` only with ``sessions`` (Service Bus
 promises FIFO per session, nothing without); ``native_dedupe`` only with
 ``duplicate_detection`` (declared: AMQP cannot ask the entity).
 
-Failure modes: ``server-busy`` -> RetryLater with ``busy_retry_after``;
-connection/timeout/not-found/quota -> RetryLater (the sender is
-re-created next time); too large -> Rejected; credentials refused or
-without the Send claim -> Rejected with ``disable_destination`` (the
-destination stops, its events stay pending until ``outrelay enable``; from
-``open``/``check``, one PermanentError line); other non-retryable SDK
-errors -> Rejected. Connection strings never appear in messages.
+Progress: each Service Bus batch's outcome is reported as soon as the broker
+answers it (:func:`~outrelay.kit.current_progress`); a later batch is started
+only if the previous batch's latency still fits before the send's deadline
+(``may_start``), otherwise its messages are reported not sent (deferred), so
+a cut send keeps every batch that was confirmed.
+
+Failure modes: one table, ``_errors.ERRORS`` (server-busy -> RetryLater with
+``busy_retry_after``; credentials refused -> Rejected with
+``disable_destination``; connection strings never appear in messages). A
+sender that failed is dropped and re-created on the next send.
 
 Sockets: every SDK sender is wrapped in a :class:`~._sockets.Guarded`, so the
 AMQP connections it opened are closed when an open times out or is
@@ -40,167 +35,142 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
+
+from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusServerBusyError
 
 from outrelay.kit import (
     Capabilities,
-    ConfigError,
     Delivered,
     Event,
+    LifecycleTransport,
     Message,
-    PermanentError,
+    Progress,
     Reader,
     Rejected,
     RetryableError,
     RetryLater,
     SendResult,
     Template,
-    Transport,
-    TransportError,
-    UsageError,
-    binary_headers,
+    current_progress,
+    deferred,
+    not_sent,
 )
-from outrelay.transports.servicebus._config import ServiceBusConfig, broker_id, make_client, mask
+from outrelay.transports.servicebus._client import make_client, open_sender
+from outrelay.transports.servicebus._config import ServiceBusConfig
+from outrelay.transports.servicebus._errors import ERRORS, result
 from outrelay.transports.servicebus._reader import ServiceBusReader
-from outrelay.transports.servicebus._sockets import Guarded
+from outrelay.transports.servicebus._sockets import CLOSE_BOUND, Guarded
+from outrelay.transports.servicebus._wire import encode
 
 __all__ = ["ServiceBusConfig", "ServiceBusTransport"]
 
-PREFIX = "cloudEvents_"
-_HELD = "an earlier message with this key failed"
-#: AMQP conditions that say "this message will never be accepted".
-_PERMANENT_CONDITIONS = ("amqp:not-allowed", "amqp:invalid-field", "amqp:decode-error", "amqp:precondition-failed")
+
+class _Outcomes:
+    """The results of one ``send``, each reported to the progress as it becomes known."""
+
+    def __init__(self, batch: Sequence[Message], progress: Progress) -> None:
+        self.batch = batch
+        self.progress = progress
+        self.results: list[SendResult | None] = [None] * len(batch)
+        self.failed: set[str] = set()  # keys with a failure: nothing later of theirs is sent
+        self.latency = 0.0  # of the last Service Bus batch sent
+        self.declined = False  # the deadline or a stop: start nothing more
+
+    def settle(self, i: int, r: SendResult) -> None:
+        self.results[i] = r
+        self.progress.report(self.batch[i], r)
+        if not isinstance(r, Delivered):
+            self.failed.add(self.batch[i].key)
+
+    def skipped(self, i: int) -> bool:
+        """Whether message ``i`` is not to be sent (and its result set so)."""
+        if self.declined:
+            self.results[i] = deferred(self.progress)
+        elif self.batch[i].key in self.failed:
+            self.results[i] = not_sent(self.batch[i].key)
+        else:
+            return False
+        return True
+
+    def may_start(self, members: list[int]) -> bool:
+        """Whether the batch of ``members`` may be sent now (else they are deferred)."""
+        if not self.declined and self.progress.may_start(self.latency):
+            return True
+        self.declined = True
+        for i in members:
+            self.results[i] = deferred(self.progress)
+        return False
+
+    def filled(self) -> list[SendResult]:
+        return [r if r is not None else RetryLater("no outcome recorded") for r in self.results]
 
 
-def classify(exc: BaseException, cfg: ServiceBusConfig) -> SendResult:
-    """Map one SDK failure to a per-message result (the one boundary)."""
-    from azure.servicebus import exceptions as sbe
-
-    if isinstance(exc, RetryableError):  # already ours (e.g. a sender that did not attach in time)
-        return RetryLater(str(exc), exc.retry_after)
-    text = mask(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, cfg)
-    if isinstance(exc, sbe.ServiceBusServerBusyError):
-        return RetryLater(f"Service Bus is busy: {text}", cfg.busy_retry_after)
-    if isinstance(exc, sbe.MessageSizeExceededError):
-        return Rejected(f"message too large for the entity: {text}")
-    if isinstance(exc, sbe.MessagingEntityNotFoundError):
-        return RetryLater(f"entity not found (create it or fix the queue/topic option): {text}")
-    if isinstance(exc, sbe.ServiceBusAuthenticationError | sbe.ServiceBusAuthorizationError):
-        # who is asking is refused, not the message: stop the destination (events stay pending), never retry for ever
-        return Rejected(
-            f"not allowed to send (needs the Send claim; fix the connection string, then `outrelay enable` the "
-            f"destination): {text}",
-            disable_destination=True,
-        )
-    if isinstance(exc, sbe.ServiceBusQuotaExceededError | sbe.MessagingEntityDisabledError):
-        return RetryLater(f"entity cannot take messages now: {text}")
-    if isinstance(exc, sbe.ServiceBusConnectionError | sbe.ServiceBusCommunicationError | sbe.OperationTimeoutError):
-        return RetryLater(f"Service Bus unreachable: {text}")
-    if isinstance(exc, TimeoutError):
-        return RetryLater(f"send not confirmed within {cfg.send_timeout}s")
-    if isinstance(exc, sbe.ServiceBusError):
-        if any(c in text for c in _PERMANENT_CONDITIONS):
-            return Rejected(f"Service Bus refused the message: {text}")
-        # anything else (handler failures, unknown conditions) may pass: never dead-letter on a guess
-        return RetryLater(f"{type(exc).__name__}: {text}")
-    if isinstance(exc, ValueError | TypeError):
-        return Rejected(f"invalid message: {text}")
-    return RetryLater(f"unexpected {type(exc).__name__} from the Service Bus SDK")
-
-
-@contextmanager
-def map_errors(cfg: ServiceBusConfig, destination: str, what: str) -> Iterator[None]:
-    """Turn SDK exceptions outside ``send`` into outrelay errors (secrets masked)."""
-    try:
-        yield
-    except (TransportError, ConfigError):
-        raise
-    except Exception as exc:
-        result = classify(exc, cfg)
-        if isinstance(result, Rejected):
-            raise PermanentError(f"{what}: {result.reason}", destination=destination) from None
-        assert isinstance(result, RetryLater)
-        err = RetryableError(f"{what}: {result.error}", destination=destination)
-        raise err from None  # the SDK's exception text may quote the connection string
-
-
-class ServiceBusTransport(Transport):
+class ServiceBusTransport(LifecycleTransport[ServiceBusConfig]):
     """See the module docstring."""
 
     name = "servicebus"
     Config = ServiceBusConfig
+    errors = ERRORS
 
     def __init__(self, config: ServiceBusConfig, *, destination: str = "servicebus") -> None:
         super().__init__(config, destination=destination)
-        self.cfg: ServiceBusConfig = config
-        where = f"destinations.{destination}.{'queue' if config.queue is not None else 'topic'}"
+        where = f"destinations.{destination}.{config.entity_option}"  # the option is queue or topic
         self._template = Template(config.entity, where=where, segment="name", alphabet=r"A-Za-z0-9._\-")
         self._client: Any = None
         self._senders: dict[str, Guarded] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._state = "new"
 
     @property
     def capabilities(self) -> Capabilities:
+        c = self.cfg
         return Capabilities(
-            ordering_by_key=self.cfg.sessions,
+            ordering_by_key=c.sessions,
             ordered_batches=True,
-            native_dedupe=self.cfg.duplicate_detection,
-            dedupe_window=self.cfg.dedupe_window if self.cfg.duplicate_detection else None,
+            native_dedupe=c.duplicate_detection,
+            dedupe_window=c.dedupe_window if c.duplicate_detection else None,
             max_batch_count=1000,
-            max_message_bytes=self.cfg.max_message_bytes,
+            max_message_bytes=c.max_message_bytes,
             cloudevents_modes=("binary",),
             reader=True,
         )
 
-    def target(self, event: Event) -> str:
-        return self._template.render(event)
-
-    def __repr__(self) -> str:
-        return f"<ServiceBusTransport destination={self.destination!r} endpoint={self.cfg.endpoint!r}>"
-
     # -- lifecycle -------------------------------------------------------------------
 
-    async def open(self) -> None:
-        if self._state == "open":
-            return
-        with map_errors(self.cfg, self.destination, f"cannot connect to {self.cfg.endpoint}"):
-            self._client = make_client(self.cfg)
-            self._state = "open"
-            if self._template.is_static:
-                try:
-                    await self._sender(self._template.source)
-                except BaseException:
-                    await self.close()
-                    self._state = "new"
-                    raise
+    async def _open(self) -> None:
+        """Make the client; with a static target, attach its sender (so open proves the entity)."""
+        self._client = make_client(self.cfg)
+        if self._template is not None and self._template.is_static:
+            await self._sender(self._template.source)
+
+    async def _close(self) -> None:
+        """Close every sender and the client; every socket they opened is closed when this returns."""
+        senders, self._senders = list(self._senders.values()), {}
+        client, self._client = self._client, None
+        for guarded in senders:
+            await guarded.close()
+        if client is not None:
+            with contextlib.suppress(Exception):  # closing must not fail; nothing is confirmed after close
+                await asyncio.wait_for(client.close(), CLOSE_BOUND)
+
+    async def _check(self) -> str:
+        entity = self.target(Event(type="check", stream="check"))
+        await self._sender(entity)
+        return f"{self.cfg.entity_option} {entity!r} on {self.cfg.endpoint}: sender attached"
 
     async def _sender(self, entity: str) -> Any:
-        """The open SDK sender of ``entity`` (opened on first use, bounded by open_timeout).
+        """The open SDK sender of ``entity`` (attached on first use, within open_timeout).
 
-        A failed open leaves no socket behind (see ``_sockets``).
-
-        :raises RetryableError: not attached within open_timeout, or the transport was closed meanwhile.
-        :raises Exception: the SDK's error (callers classify it).
+        :raises RetryableError: the transport was closed meanwhile.
+        :raises Exception: the SDK's error or TimeoutError (nothing left open; callers map it).
         """
         guarded = self._senders.get(entity)
         if guarded is None:
             client = self._client
             if client is None:
                 raise self._closed_error()
-            sdk = client.get_queue_sender(entity) if self.cfg.queue is not None else client.get_topic_sender(entity)
-            guarded = Guarded(sdk)
-            try:
-                await guarded.open(self.cfg.open_timeout)
-            except TimeoutError:
-                raise RetryableError(
-                    f"no sender attached to {entity!r} on {self.cfg.endpoint} within open_timeout="
-                    f"{self.cfg.open_timeout}s; check that the endpoint is reachable and answers AMQP, "
-                    "or raise open_timeout",
-                    destination=self.destination,
-                ) from None
+            guarded = await open_sender(client, self.cfg, entity)
             if self._client is not client:  # close() ran while this sender attached: it must not outlive it
                 await guarded.close()
                 raise self._closed_error()
@@ -209,8 +179,7 @@ class ServiceBusTransport(Transport):
 
     def _closed_error(self) -> RetryableError:
         return RetryableError(
-            f"servicebus transport {self.destination!r} was closed during this call; open() it again",
-            destination=self.destination,
+            f"{self._what()} was closed during this call; open() it again", destination=self.destination
         )
 
     async def _drop_sender(self, entity: str) -> None:
@@ -218,108 +187,61 @@ class ServiceBusTransport(Transport):
         if guarded is not None:
             await guarded.close()
 
-    async def close(self) -> None:
-        """Close every sender and the client; every socket they opened is closed when this returns.
-
-        Idempotent; raises nothing (closing confirms nothing more)."""
-        senders, self._senders = list(self._senders.values()), {}
-        client, self._client = self._client, None
-        if self._state == "open":
-            self._state = "closed"
-        for guarded in senders:
-            await guarded.close()
-        if client is not None:
-            await _quiet_close(client)
-
-    async def check(self) -> str:
-        entity = self.target(Event(type="check", stream="check"))
-        await self.open()
-        try:
-            with map_errors(self.cfg, self.destination, f"cannot attach a sender to {entity!r}"):
-                await self._sender(entity)
-            kind = "queue" if self.cfg.queue is not None else "topic"
-            return f"{kind} {entity!r} on {self.cfg.endpoint}: sender attached"
-        finally:
-            await self.close()
-
     def reader(self, target: str, **options: Any) -> Reader:
         return ServiceBusReader(self.cfg, target, **options)
 
     # -- sending -------------------------------------------------------------------------
 
-    def _message(self, m: Message) -> Any:
-        from azure.servicebus import ServiceBusMessage
-
-        ev = m.event
-        return ServiceBusMessage(
-            ev.data,
-            message_id=broker_id(ev.id),
-            session_id=broker_id(m.key) if self.cfg.sessions else None,
-            partition_key=broker_id(m.key) if self.cfg.partitioned and not self.cfg.sessions else None,
-            content_type=ev.content_type,
-            application_properties=binary_headers(ev, prefix=PREFIX),  # type: ignore[arg-type]
-        )
-
-    async def send(self, batch: Sequence[Message]) -> list[SendResult]:
-        if self._state != "open":
-            raise UsageError(f"servicebus transport {self.destination!r} is {self._state}, not open")
-        results: list[SendResult | None] = [None] * len(batch)
-        failed: set[str] = set()
-        # Consecutive messages to one entity (and, partitioned, one key) share batches.
+    async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
+        run = _Outcomes(batch, current_progress())
+        # Consecutive messages to one entity (and, partitioned, one key) share Service Bus batches.
         group: list[int] = []
         for i, m in enumerate(batch):
             if group and not self._same_group(batch[group[0]], m):
-                await self._send_group(batch, group, results, failed)
+                await self._send_group(run, group)
                 group = []
             group.append(i)
-        if group:
-            await self._send_group(batch, group, results, failed)
-        return [r if r is not None else RetryLater("not sent") for r in results]
+        await self._send_group(run, group)
+        return run.filled()
 
     def _same_group(self, a: Message, b: Message) -> bool:
         return a.target == b.target and (not self.cfg.partitioned or a.key == b.key)
 
-    async def _send_group(
-        self, batch: Sequence[Message], idx: list[int], results: list[SendResult | None], failed: set[str]
-    ) -> None:
-        entity = batch[idx[0]].target
+    async def _send_group(self, run: _Outcomes, idx: list[int]) -> None:
+        entity = run.batch[idx[0]].target
         # One SDK sender is not safe for concurrent sends (the relay may have several
         # batches in flight): they take turns per entity.
         async with self._locks.setdefault(entity, asyncio.Lock()):
-            await self._send_group_locked(entity, batch, idx, results, failed)
+            try:
+                sender = await self._sender(entity)
+            except Exception as exc:
+                for i in idx:
+                    if not run.skipped(i):
+                        run.settle(i, result(exc, self.cfg, f"cannot attach a sender to {entity!r}"))
+                return
+            await self._pack(run, entity, sender, idx)
 
-    async def _send_group_locked(
-        self, entity: str, batch: Sequence[Message], idx: list[int], results: list[SendResult | None], failed: set[str]
-    ) -> None:
-        from azure.servicebus.exceptions import MessageSizeExceededError
-
+    def _encoded(self, run: _Outcomes, i: int) -> Any:
+        """Message ``i`` as an SDK message, or None when it is not to be sent (its result set)."""
+        m, limit = run.batch[i], self.cfg.max_message_bytes
+        if run.skipped(i):
+            return None
+        if len(m.event.data) > limit:
+            run.settle(i, Rejected(f"message of {len(m.event.data)} bytes exceeds max_message_bytes={limit}"))
+            return None
         try:
-            sender = await self._sender(entity)
-        except Exception as exc:
-            res = classify(exc, self.cfg)
-            for i in idx:
-                results[i] = res
-                failed.add(batch[i].key)
-            return
+            return encode(m, self.cfg)
+        except Exception as exc:  # the SDK validates fields (lengths, types) here
+            run.settle(i, result(exc, self.cfg))
+            return None
+
+    async def _pack(self, run: _Outcomes, entity: str, sender: Any, idx: list[int]) -> None:
+        """Fill Service Bus batches with the messages ``idx`` in order, sending each when full."""
         current: Any = None
         members: list[int] = []
-        limit = self.cfg.max_message_bytes
         for i in idx:
-            m = batch[i]
-            if m.key in failed:
-                results[i] = RetryLater(_HELD)
-                continue
-            if len(m.event.data) > limit:
-                results[i] = Rejected(f"message of {len(m.event.data)} bytes exceeds max_message_bytes={limit}")
-                failed.add(m.key)
-                continue
-            try:
-                msg = self._message(m)
-            except Exception as exc:  # the SDK validates fields (lengths, types) here
-                results[i] = classify(exc, self.cfg)
-                failed.add(m.key)
-                continue
-            for _ in range(2):
+            msg = self._encoded(run, i)
+            while msg is not None:
                 if current is None:
                     current, members = await sender.create_message_batch(), []
                 try:
@@ -328,42 +250,27 @@ class ServiceBusTransport(Transport):
                     break
                 except MessageSizeExceededError:
                     if not members:  # does not fit an empty batch
-                        results[i] = Rejected(f"message does not fit the entity's {current.max_size_in_bytes} bytes")
-                        failed.add(m.key)
+                        run.settle(i, Rejected(f"message does not fit the entity's {current.max_size_in_bytes} bytes"))
                         break
-                    await self._flush(entity, sender, current, members, batch, results, failed)
+                    await self._flush(run, entity, sender, current, members)
                     current = None
-                    if m.key in failed:
-                        results[i] = RetryLater(_HELD)
-                        break
+                    msg = None if run.skipped(i) else msg
         if current is not None and members:
-            await self._flush(entity, sender, current, members, batch, results, failed)
+            await self._flush(run, entity, sender, current, members)
 
-    async def _flush(
-        self,
-        entity: str,
-        sender: Any,
-        sb_batch: Any,
-        members: list[int],
-        batch: Sequence[Message],
-        results: list[SendResult | None],
-        failed: set[str],
-    ) -> None:
+    async def _flush(self, run: _Outcomes, entity: str, sender: Any, sb_batch: Any, members: list[int]) -> None:
+        """Send one Service Bus batch (all-or-nothing) and report its outcome for every member."""
+        if not run.may_start(members):
+            return
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         try:
             await sender.send_messages(sb_batch, timeout=self.cfg.send_timeout)
             res: SendResult = Delivered()
         except Exception as exc:
-            res = classify(exc, self.cfg)
-            from azure.servicebus import exceptions as sbe
-
-            if not isinstance(exc, sbe.ServiceBusServerBusyError | sbe.MessageSizeExceededError):
+            res = result(exc, self.cfg, f"send to {entity!r}")
+            if not isinstance(exc, ServiceBusServerBusyError | MessageSizeExceededError):
                 await self._drop_sender(entity)  # reconnect on the next send
+        run.latency = loop.time() - began
         for i in members:
-            results[i] = res
-            if not isinstance(res, Delivered):
-                failed.add(batch[i].key)
-
-
-async def _quiet_close(obj: Any) -> None:
-    with contextlib.suppress(Exception):  # closing must not fail; nothing is confirmed after close
-        await asyncio.wait_for(obj.close(), 5.0)
+            run.settle(i, res)
