@@ -97,6 +97,7 @@ from outrelay.kit._ordering import (
     not_sent,
     send_chained,
     send_in_key_order,
+    send_ordered,
     send_pipelined,
 )
 from outrelay.kit._plugin import transport_plugin
@@ -167,6 +168,7 @@ __all__ = [
     "send_chained",
     "send_each",
     "send_in_key_order",
+    "send_ordered",
     "send_pipelined",
     "sending",
     "tls_hint",

@@ -167,6 +167,12 @@ class LifecycleTransport(Transport, Generic[C]):
         contract's default) when the transport sets no ``target_option`` and does not override it."""
         return "" if self._template is None else self._template.render(event)
 
+    def check_target(self, type: str = "check") -> str:
+        """The target a ``_check`` probes: :meth:`target` rendered for a placeholder event of
+        ``type`` on stream ``"check"``. Like :meth:`target` it does not raise: a template that
+        cannot be rendered from those values gives a :class:`~outrelay.kit.RejectedTarget`."""
+        return self.target(Event(type=type, stream="check"))
+
     def _what(self) -> str:
         return f"{self.name} transport (destination {self.destination!r})"
 

@@ -37,6 +37,7 @@ __all__ = [
     "not_sent",
     "send_chained",
     "send_in_key_order",
+    "send_ordered",
     "send_pipelined",
 ]
 
@@ -336,6 +337,34 @@ async def send_chained(
             chain.timer.cancel()
         chain.progress.record(batch, chain.results)
     return _filled(chain.results)
+
+
+async def send_ordered(
+    batch: Sequence[Message],
+    start: Start,
+    outcome: Outcome,
+    *,
+    pipeline: bool,
+    timeout: float | None,
+    destination: str,
+    log: logging.Logger,
+    flush: Callable[[], Awaitable[None]] | None = None,
+) -> list[SendResult]:
+    """:func:`send_pipelined` when ``pipeline`` is set, else :func:`send_chained`, with the same arguments.
+
+    For a transport with a ``pipeline`` option: pipelined, the whole batch is
+    written in order on one ordered connection and the outcomes awaited
+    together (a failure is reported with the fix "set pipeline = false");
+    chained, one message per key is in flight at a time, so a later one never
+    overtakes a lost or refused one. Failure modes, progress and cancellation:
+    those of the helper chosen.
+    """
+    if pipeline:
+        return await send_pipelined(
+            batch, start, outcome, timeout=timeout, destination=destination, log=log,
+            fix="set pipeline = false", flush=flush,
+        )  # fmt: skip
+    return await send_chained(batch, start, outcome, timeout=timeout, destination=destination, log=log, flush=flush)
 
 
 @contextlib.contextmanager

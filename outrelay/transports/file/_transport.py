@@ -34,7 +34,6 @@ from typing import IO, Any
 from outrelay.kit import (
     Capabilities,
     Delivered,
-    Event,
     LifecycleTransport,
     Message,
     PermanentError,
@@ -153,7 +152,7 @@ class FileTransport(LifecycleTransport[FileConfig]):
             self._used.clear()
 
     async def _check(self) -> str:
-        path = Path(self.target(Event(type="check", stream="check")))
+        path = Path(self.check_target())
         existing = path.parent
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent

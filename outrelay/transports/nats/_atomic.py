@@ -47,7 +47,6 @@ held back (RetryLater), as in a pipelined batch.
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -66,12 +65,10 @@ from outrelay.kit import (
     hold_after_failures,
     not_sent,
 )
-from outrelay.transports.nats._acks import AckMux
+from outrelay.transports.nats._acks import AckMux, log
 from outrelay.transports.nats._errors import result_for
 
 __all__ = ["ABANDONED", "DISABLED", "send_atomic"]
-
-log = logging.getLogger("outrelay.transports.nats")
 
 ABANDONED = 10176  # the batch was incomplete and abandoned (a gap, a leader change): nothing stored
 DISABLED = 10174  # the stream does not allow atomic publishing (any more)

@@ -87,7 +87,6 @@ from nats.js.client import JetStreamContext
 from outrelay.kit import (
     Capabilities,
     Delivered,
-    Event,
     LifecycleTransport,
     Message,
     PermanentError,
@@ -100,7 +99,7 @@ from outrelay.kit import (
     SubscriptionSpec,
     UsageError,
     send_chained,
-    send_pipelined,
+    send_ordered,
 )
 from outrelay.transports.nats._acks import AckMux
 from outrelay.transports.nats._atomic import send_atomic
@@ -342,17 +341,15 @@ class NatsTransport(LifecycleTransport[NatsConfig]):
                 destination=self.destination,
                 on_disabled=self._atomic_disabled,
             )
-        if not self._pipelined:
-            return await chained(batch)
-        # publish in batch order without waiting, then collect every ack (see the module docstring)
-        return await send_pipelined(
+        # pipelined: publish in batch order without waiting, then collect every ack (see the module docstring)
+        return await send_ordered(
             batch,
             start,
             self._ack_outcome,
+            pipeline=self._pipelined,
             timeout=timeout,
             destination=self.destination,
             log=log,
-            fix="set pipeline = false",
             flush=flush,
         )
 
@@ -488,7 +485,7 @@ class NatsTransport(LifecycleTransport[NatsConfig]):
         if nc is None or nc.is_closed:
             raise RetryableError(f"nats transport {self.destination!r}: not connected", destination=self.destination)
         self._denied.clear()
-        probe = self.target(Event(type="outrelay.check", stream="check"))
+        probe = self.check_target("outrelay.check")
         return await check(self.cfg, self.destination, nc, probe, self._denied)
 
     def reader(self, target: str, **options: Any) -> Reader:

@@ -47,7 +47,6 @@ from typing import Any
 from outrelay.kit import (
     Capabilities,
     Delivered,
-    Event,
     LifecycleTransport,
     Message,
     Reader,
@@ -111,7 +110,7 @@ class PubSubTransport(LifecycleTransport[PubSubConfig]):
         """The topic exists (static template), or the project answers (templated)."""
         where, timeout = self.cfg.endpoint, self.cfg.open_timeout
         if self._template is not None and self._template.is_static:
-            topic = self.cfg.topic_path(self.target(Event(type="check", stream="check")))
+            topic = self.cfg.topic_path(self.check_target())
             with ERRORS.boundary(f"cannot reach topic {topic}", destination=self.destination):
                 await asyncio.to_thread(self._client.get_topic, topic=topic, timeout=timeout)
             return f"topic {topic} exists ({where})"

@@ -56,7 +56,6 @@ from outrelay.kit import (
     Capabilities,
     Delivered,
     ErrorMap,
-    Event,
     LifecycleTransport,
     Message,
     Progress,
@@ -269,7 +268,7 @@ class PulsarTransport(LifecycleTransport[PulsarConfig]):
 
     async def _check(self) -> str:
         """One line: the broker accepted a producer on the (rendered) topic."""
-        topic = self.target(Event(type="check", stream="check"))
+        topic = self.check_target()
         with self._hinted(topic):
             await self._producer(topic, named=self.cfg.deduplication)
         return f"pulsar {redact(self.cfg.service_url)}: producer on {topic} accepted"

@@ -70,8 +70,7 @@ from outrelay.kit import (
     SubscriptionSpec,
     Template,
     binary_headers,
-    send_chained,
-    send_pipelined,
+    send_ordered,
 )
 from outrelay.transports.rabbitmq._check import Check
 from outrelay.transports.rabbitmq._client import connect, connect_robust
@@ -196,23 +195,17 @@ class RabbitMQTransport(LifecycleTransport[RabbitMQConfig]):
             except (TypeError, ValueError, struct.error) as exc:  # pamqp refused a property value
                 return Rejected(f"cannot encode the AMQP properties: {exc}")
 
-        timeout = self.cfg.confirm_timeout
-        if not self.cfg.pipeline:
-            # one message in flight per stream: a later one never overtakes a lost or refused one
-            return await send_chained(
-                batch, start, self._confirm_outcome, timeout=timeout, destination=self.destination, log=log,
-                flush=staged.write,
-            )  # fmt: skip
-        # every message in batch order on one channel (the broker routes a channel's messages in the
-        # order received), then all confirms together (see the module docstring)
-        return await send_pipelined(
+        # chained: one message in flight per stream, so a later one never overtakes a lost or refused
+        # one; pipelined: every message in batch order on one channel (the broker routes a channel's
+        # messages in the order received), then all confirms together (see the module docstring)
+        return await send_ordered(
             batch,
             start,
             self._confirm_outcome,
-            timeout=timeout,
+            pipeline=self.cfg.pipeline,
+            timeout=self.cfg.confirm_timeout,
             destination=self.destination,
             log=log,
-            fix="set pipeline = false",
             flush=staged.write,
         )
 
@@ -302,8 +295,7 @@ class RabbitMQTransport(LifecycleTransport[RabbitMQConfig]):
             (the line names user, vhost, exchange and the ``rabbitmqctl`` fix); the exchange is internal;
             or it is missing and ``declare_exchange`` is off.
         """
-        probe = Event(type="outrelay.check", stream="check")
-        name, routing_key = split_target(self.target(probe))
+        name, routing_key = split_target(self.check_target("outrelay.check"))
         conn = await connect(self.cfg, self.destination, name="outrelay check")
         check = Check(self.cfg, self.destination, self._secrets, templated_key=not self._key_t.is_static)
         return await check.run(conn, name, routing_key)

@@ -43,7 +43,6 @@ from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusServ
 from outrelay.kit import (
     Capabilities,
     Delivered,
-    Event,
     LifecycleTransport,
     Message,
     Progress,
@@ -155,7 +154,7 @@ class ServiceBusTransport(LifecycleTransport[ServiceBusConfig]):
                 await asyncio.wait_for(client.close(), CLOSE_BOUND)
 
     async def _check(self) -> str:
-        entity = self.target(Event(type="check", stream="check"))
+        entity = self.check_target()
         await self._sender(entity)
         return f"{self.cfg.entity_option} {entity!r} on {self.cfg.endpoint}: sender attached"
 
