@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -465,3 +466,50 @@ class TestSendEach:
         results = kit.send_each(self.batch("a", "a", "b"), publish, progress=kit.Progress(), halt=lambda: bool(seen))
         assert len(seen) == 1 and isinstance(results[0], Delivered)
         assert all(isinstance(r, kit.NotSent) for r in results[1:])
+
+
+class TopicConfig(TransportConfig):
+    topic: str = "{stream}-{type}"
+
+
+class Templated(Probe):
+    """A probe whose target is one templated option."""
+
+    target_option = "topic"
+
+    def __init__(self) -> None:
+        LifecycleTransport.__init__(self, TopicConfig(), destination="d")
+
+
+class TestSendOrderedAndCheckTarget:
+    def test_check_target_renders_the_placeholder_event(self) -> None:
+        """check_target() is target() of a placeholder event on stream "check", of the type given."""
+        t = Templated()
+        assert t.check_target() == "check-check"
+        assert t.check_target("outrelay_check") == "check-outrelay_check"
+        assert Probe().check_target() == ""  # no target_option: the contract's default
+
+    @pytest.mark.parametrize("pipeline", [True, False])
+    async def test_pipeline_chooses_pipelined_or_chained(self, pipeline: bool) -> None:
+        """pipeline=True starts a key's next message before the first is confirmed (send_pipelined);
+        pipeline=False waits for it (send_chained). Every message is delivered either way."""
+        loop = asyncio.get_running_loop()
+        pending: list[asyncio.Future[None]] = []
+        seen_pending: list[int] = []
+
+        async def start(m: Message) -> asyncio.Future[None]:
+            seen_pending.append(sum(not f.done() for f in pending))
+            fut: asyncio.Future[None] = loop.create_future()
+            loop.call_later(0.01, fut.set_result, None)
+            pending.append(fut)
+            return fut
+
+        def outcome(m: Message, fut: asyncio.Future[None]) -> SendResult:
+            return Delivered() if fut.done() and not fut.cancelled() else RetryLater("no confirm")
+
+        batch = one() * 3  # one key
+        results = await kit.send_ordered(
+            batch, start, outcome, pipeline=pipeline, timeout=5.0, destination="d", log=logging.getLogger("t")
+        )
+        assert results == [Delivered()] * 3
+        assert seen_pending == ([0, 1, 2] if pipeline else [0, 0, 0])
