@@ -37,7 +37,6 @@ from outrelay.kit import (
     LifecycleTransport,
     Message,
     PermanentError,
-    Progress,
     Reader,
     Rejected,
     RetryableError,
@@ -75,7 +74,7 @@ class FileTransport(LifecycleTransport[FileConfig]):
     async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
         progress = current_progress()
         cut = threading.Event()  # set when the send is cancelled: the thread starts no further line
-        work = asyncio.ensure_future(asyncio.to_thread(self._write, batch, progress, cut))
+        work = asyncio.ensure_future(asyncio.to_thread(self._write, batch, cut))
         try:
             results = await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -87,10 +86,12 @@ class FileTransport(LifecycleTransport[FileConfig]):
         progress.record(batch, results)
         return results
 
-    def _write(self, batch: Sequence[Message], progress: Progress, cut: threading.Event) -> list[SendResult]:
+    def _write(self, batch: Sequence[Message], cut: threading.Event) -> list[SendResult]:
+        """Write ``batch`` in a worker thread; the send's progress is the caller's
+        (``asyncio.to_thread`` runs this in a copy of the caller's context)."""
         with self._lock:  # concurrent send() calls share the open handles
             touched: set[str] = set()
-            results = send_each(batch, lambda m: self._line(m, touched), progress=progress, halt=cut.is_set)
+            results = send_each(batch, lambda m: self._line(m, touched), progress=current_progress(), halt=cut.is_set)
             for target in touched:
                 handle = self._files.get(target)
                 if handle is not None:  # else flushed when it was evicted
