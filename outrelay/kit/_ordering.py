@@ -43,6 +43,7 @@ __all__ = [
 
 Start = Callable[[Message], Awaitable["asyncio.Future[Any] | SendResult"]]
 Outcome = Callable[[Message, "asyncio.Future[Any]"], SendResult]
+Flush = Callable[[], Awaitable[None]]  # writes what ``start`` staged (see send_pipelined)
 
 
 def not_sent(key: str) -> NotSent:
@@ -348,7 +349,7 @@ async def send_ordered(
     timeout: float | None,
     destination: str,
     log: logging.Logger,
-    flush: Callable[[], Awaitable[None]] | None = None,
+    flush: Flush | None = None,
 ) -> list[SendResult]:
     """:func:`send_pipelined` when ``pipeline`` is set, else :func:`send_chained`, with the same arguments.
 
