@@ -20,25 +20,38 @@ def _synchronous(store: SQLiteStore) -> int:
 
 
 def test_relay_bookkeeping_is_relaxed_but_appends_stay_durable(tmp_path: Path) -> None:
-    """Route, claim and settle commit without fsync (synchronous=NORMAL) and put FULL back, so an
-    append on the same connection afterwards is fsynced again — also after a failed transaction."""
+    """Route, claim and settle commit without fsync (synchronous=NORMAL, set once for a run of
+    them); an append on the same connection afterwards commits with FULL again — also after a
+    failed transaction."""
     store = SQLiteStore(f"sqlite:///{tmp_path}/o.db")
+    seen: list[int] = []
+    real_append = store.append
+
+    def append(events: list[Event]) -> None:  # the setting each append commits with
+        with store._tx() as db:
+            seen.append(int(db.execute("PRAGMA synchronous").fetchone()[0]))
+        real_append(events)
+        seen.append(_synchronous(store))
+
     try:
         assert _synchronous(store) == 2  # FULL
         store.acquire_relay("me")
-        store.append([Event(type="t", stream="s")])
+        append([Event(type="t", stream="s")])
         assert store.route(Router([], ["d"]), 10, time.time()) == 1
+        assert _synchronous(store) == 1  # NORMAL: the relay's bookkeeping
         claimed = store.claim("d", limit=10, per_lane=10, owner="me", lease_seconds=30, now=time.time())
         store.settle("d", "me", [Settlement(c.delivery_id, "s", "delivered") for c in claimed], time.time())
-        assert _synchronous(store) == 2
+        assert _synchronous(store) == 1
 
         def broken(event: Event) -> list[str]:
             raise RuntimeError("router bug")
 
-        store.append([Event(type="t", stream="s")])
+        append([Event(type="t", stream="s")])
         with pytest.raises(RuntimeError, match="router bug"):
             store.route(broken, 10, time.time())
-        assert _synchronous(store) == 2 and not store._db.in_transaction
+        assert not store._db.in_transaction
+        append([Event(type="t", stream="s")])
+        assert seen == [2] * 6
         store.release_relay("me")
     finally:
         store.close()
