@@ -125,7 +125,7 @@ class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, SQL
 
     @contextmanager
     def _tx(self, mode: str = "IMMEDIATE", *, relaxed: bool = False) -> Iterator[sqlite3.Connection]:
-        """One write transaction on the store's connection.
+        """One write transaction on the store's connection (inside another one: that one).
 
         ``relaxed`` commits without an fsync (``synchronous=NORMAL`` in WAL
         mode) — for the relay's bookkeeping only: a power cut can then roll
@@ -137,6 +137,9 @@ class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, SQL
         """
         with self._lock:
             db = self._db
+            if db.in_transaction:  # called inside one of this store's transactions (route_and_claim): join it
+                yield db
+                return
             try:
                 # set outside the transaction (SQLite ignores it inside), and only when it changes: the
                 # relay's bookkeeping runs relaxed transaction after transaction
@@ -354,13 +357,13 @@ class SQLiteStore(SQLiteHistoryMixin, SQLiteOperatorMixin, SQLiteLanesMixin, SQL
     def route_and_claim(
         self, router: Callable[[Event], Sequence[str]], route_limit: int, destination: str, **claim: Any
     ) -> tuple[int, list[Claimed]]:
-        """:meth:`route` then :meth:`claim` (each its own transaction) in one call: what a relay
-        does when an append wakes a destination — one hand-off to the store's thread instead of
-        two, and no wake-up of the router in between. Returns (routed, claimed).
+        """:meth:`route` then :meth:`claim` in one transaction: what a relay does when an append
+        wakes a destination — one hand-off to the store's thread and one commit instead of two,
+        and no wake-up of the router in between. Returns (routed, claimed). A failure rolls both
+        back: nothing is routed or claimed.
 
-        :raises StoreError: as :meth:`route` and :meth:`claim` (a failed claim leaves the
-        routing done: the events wait as routed deliveries)."""
-        with self._lock:
+        :raises StoreError: as :meth:`route` and :meth:`claim`."""
+        with self._tx(relaxed=True):
             routed = self.route(router, route_limit, claim["now"])
             return routed, self.claim(destination, **claim)
 
