@@ -10,7 +10,8 @@ deleted afterwards). This process appends one event per transaction at
 ``--rate`` events/s (0: as fast as one appender goes) and records the time
 each ``append`` returned (the commit); a thread reads the key back with
 ``XREAD BLOCK`` and records each arrival. Prints p50/p90/p99/max of arrival -
-commit and the relay's CPU per event while it relayed them, then its CPU
+commit and the relay's CPU (share of one core, and per event) while it relayed
+them, then its CPU
 seconds over ``--idle`` seconds with nothing to do (from /proc/PID/stat).
 """
 
@@ -110,6 +111,7 @@ def main() -> None:
             stop.set()
             th.join()
             relay_cpu = cpu_seconds(proc.pid) - cpu_before
+            busy = time.monotonic() - started  # appending, then waiting for the last arrivals
             lat = [(arrivals[i] - t) * 1000 for i, t in commits.items() if i in arrivals]
             kind = "postgresql" if url.startswith("postgresql") else "sqlite"
             print(f"{kind}: appended {n} at {n / elapsed:.0f} ev/s; arrived {len(lat)}")
@@ -118,7 +120,10 @@ def main() -> None:
                     f"{kind}: commit->redis latency ms: p50 {statistics.median(lat):.2f}  "
                     f"p90 {percentile(lat, 0.90):.2f}  p99 {percentile(lat, 0.99):.2f}  max {max(lat):.2f}"
                 )
-                print(f"{kind}: relay CPU {relay_cpu:.2f} s while busy, {relay_cpu / len(lat) * 1e6:.0f} µs per event")
+                print(
+                    f"{kind}: relay CPU {relay_cpu:.2f} s while busy ({100 * relay_cpu / busy:.1f}% of a core "
+                    f"over {busy:.1f} s), {relay_cpu / len(lat) * 1e6:.0f} µs per event"
+                )
             if args.idle:
                 time.sleep(1.0)
                 before = cpu_seconds(proc.pid)

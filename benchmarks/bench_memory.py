@@ -1,6 +1,7 @@
 """Relay peak RSS while it relays large events (the byte budgets at work).
 
     .venv/bin/python benchmarks/bench_memory.py [--count 2000] [--size 1048576] [--mixed 1000]
+        [--routes] [--data bytes|str|json|all]
 
 Appends ``--count`` events of ``--size`` bytes to a fresh SQLite outbox, then
 runs ``outrelay run --drain`` in a subprocess to a webhook destination (binary
@@ -9,6 +10,11 @@ relay's peak RSS (``VmHWM`` from /proc, sampled until it exits) and its run
 time. ``--mixed N`` runs a second round with N events of random sizes from
 1 KiB to 6 MiB. The relay's byte budgets come from the defaults unless
 ``--max-in-flight-bytes`` / ``--max-batch-bytes`` are given.
+
+``--routes`` adds a ``[[routes]]`` table with type and tenant filters (content
+routing: the router sees every event's envelope), and ``--data`` picks the
+payload kind: ``bytes``, ``str`` (text) or ``json`` (a JSON object of about the
+same size); ``all`` runs each in turn.
 """
 
 from __future__ import annotations
@@ -67,7 +73,19 @@ def vm_hwm_mb(pid: int) -> float:
     return 0.0
 
 
-async def round_(label: str, sizes: list[int], args: argparse.Namespace) -> None:
+def payload(kind: str, n: int) -> bytes | str | dict[str, str]:
+    """About ``n`` bytes of data of ``kind``."""
+    if kind == "str":
+        return "x" * n
+    if kind == "json":
+        return {"blob": "x" * max(0, n - 12)}
+    return b"x" * n
+
+
+ROUTES = '[[routes]]\ntypes = ["bench.*"]\ntenants = ["acme"]\ndestinations = ["sink"]\n'
+
+
+async def round_(label: str, sizes: list[int], args: argparse.Namespace, kind: str) -> None:
     sink = Sink()
     server = await asyncio.start_server(sink.handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -77,7 +95,7 @@ async def round_(label: str, sizes: list[int], args: argparse.Namespace) -> None
             for lo in range(0, len(sizes), 50):
                 outbox.append(
                     [
-                        Event(type="bench.mem", stream=f"s{i % 50}", data=b"x" * n)
+                        Event(type="bench.mem", stream=f"s{i % 50}", tenant="acme", data=payload(kind, n))
                         for i, n in enumerate(sizes[lo : lo + 50], start=lo)
                     ]
                 )
@@ -91,6 +109,7 @@ async def round_(label: str, sizes: list[int], args: argparse.Namespace) -> None
             f'[outbox]\nurl = "{url}"\nmax_event_bytes = {10 * 1024 * 1024}\n[relay]\n{relay_opts}'
             f'[destinations.sink]\ntransport = "webhook"\nurl = "http://127.0.0.1:{port}/in"\n'
             f'allow_private_network = true\nmode = "binary"\nmax_message_bytes = {10 * 1024 * 1024}\n'
+            + (ROUTES if args.routes else "")
         )
         started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
@@ -106,7 +125,8 @@ async def round_(label: str, sizes: list[int], args: argparse.Namespace) -> None
     server.close()
     total = sum(sizes) / 2**20
     print(
-        f"{label}: {len(sizes)} events, {total:,.0f} MiB of data -> {sink.requests} requests in {elapsed:.1f}s; "
+        f"{label}, {kind} data, {'routes' if args.routes else 'no routes'}: "
+        f"{len(sizes)} events, {total:,.0f} MiB of data -> {sink.requests} requests in {elapsed:.1f}s; "
         f"relay peak RSS {peak:,.0f} MB (exit {proc.returncode})"
     )
 
@@ -118,11 +138,15 @@ async def main() -> None:
     ap.add_argument("--mixed", type=int, default=1000, help="events of random sizes in round 2 (0: skip)")
     ap.add_argument("--max-in-flight-bytes", type=int, default=0)
     ap.add_argument("--max-batch-bytes", type=int, default=0)
+    ap.add_argument("--routes", action="store_true", help="a [[routes]] table with type and tenant filters")
+    ap.add_argument("--data", choices=("bytes", "str", "json", "all"), default="bytes", help="payload kind")
     args = ap.parse_args()
-    await round_(f"{args.size:,} B each", [args.size] * args.count, args)
-    if args.mixed:
-        rng = random.Random(7)
-        await round_("mixed 1 KiB-6 MiB", [rng.randint(1024, 6 * 2**20) for _ in range(args.mixed)], args)
+    for kind in ("bytes", "str", "json") if args.data == "all" else (args.data,):
+        await round_(f"{args.size:,} B each", [args.size] * args.count, args, kind)
+        if args.mixed:
+            rng = random.Random(7)
+            sizes = [rng.randint(1024, 6 * 2**20) for _ in range(args.mixed)]
+            await round_("mixed 1 KiB-6 MiB", sizes, args, kind)
 
 
 if __name__ == "__main__":

@@ -20,25 +20,38 @@ def _synchronous(store: SQLiteStore) -> int:
 
 
 def test_relay_bookkeeping_is_relaxed_but_appends_stay_durable(tmp_path: Path) -> None:
-    """Route, claim and settle commit without fsync (synchronous=NORMAL) and put FULL back, so an
-    append on the same connection afterwards is fsynced again — also after a failed transaction."""
+    """Route, claim and settle commit without fsync (synchronous=NORMAL, set once for a run of
+    them); an append on the same connection afterwards commits with FULL again — also after a
+    failed transaction."""
     store = SQLiteStore(f"sqlite:///{tmp_path}/o.db")
+    seen: list[int] = []
+    real_append = store.append
+
+    def append(events: list[Event]) -> None:  # the setting each append commits with
+        with store._tx() as db:
+            seen.append(int(db.execute("PRAGMA synchronous").fetchone()[0]))
+        real_append(events)
+        seen.append(_synchronous(store))
+
     try:
         assert _synchronous(store) == 2  # FULL
         store.acquire_relay("me")
-        store.append([Event(type="t", stream="s")])
+        append([Event(type="t", stream="s")])
         assert store.route(Router([], ["d"]), 10, time.time()) == 1
+        assert _synchronous(store) == 1  # NORMAL: the relay's bookkeeping
         claimed = store.claim("d", limit=10, per_lane=10, owner="me", lease_seconds=30, now=time.time())
         store.settle("d", "me", [Settlement(c.delivery_id, "s", "delivered") for c in claimed], time.time())
-        assert _synchronous(store) == 2
+        assert _synchronous(store) == 1
 
         def broken(event: Event) -> list[str]:
             raise RuntimeError("router bug")
 
-        store.append([Event(type="t", stream="s")])
+        append([Event(type="t", stream="s")])
         with pytest.raises(RuntimeError, match="router bug"):
             store.route(broken, 10, time.time())
-        assert _synchronous(store) == 2 and not store._db.in_transaction
+        assert not store._db.in_transaction
+        append([Event(type="t", stream="s")])
+        assert seen == [2] * 6
         store.release_relay("me")
     finally:
         store.close()
@@ -96,4 +109,43 @@ def test_an_empty_claim_does_not_wait_for_a_writer(tmp_path: Path) -> None:
         store.release_relay("me")
     finally:
         writer.close()
+        store.close()
+
+
+def test_route_and_claim_is_one_transaction_and_quiet_until_saves_empty_claims(tmp_path: Path) -> None:
+    """route_and_claim routes and claims in one call (a failure rolls both back); a claim that is not
+    full tells quiet_until when the next lane is due, which routing, a settle keeping a lane pending
+    and an operator's write forget or lower."""
+    store = SQLiteStore(f"sqlite:///{tmp_path}/o.db")
+    claim = {"limit": 10, "per_lane": 10, "owner": "me", "lease_seconds": 30.0}
+    try:
+        store.acquire_relay("me")
+        now = time.time()
+        assert store.quiet_until("a", 5.0) == 0.0  # nothing known yet
+        store.append([Event(type="t", stream="s"), Event(type="t", stream="s2")])
+
+        def broken(event: Event) -> list[str]:
+            raise RuntimeError("router bug")
+
+        with pytest.raises(RuntimeError, match="router bug"):
+            store.route_and_claim(broken, 100, "a", **claim, now=now)
+        assert store.unrouted() == 2 and not store._db.in_transaction
+        routed, claimed = store.route_and_claim(Router([], ["a", "b"]), 100, "a", **claim, now=now)
+        assert routed == 2 and [c.event.stream for c in claimed] == ["s", "s2"]
+        assert store.status(["b"], now)[0].pending == 2
+        # not full, every lane held: nothing due until a settle or a routing says otherwise
+        assert store.quiet_until("a", 5.0) == now + 5.0
+        store.settle("a", "me", [Settlement(claimed[0].delivery_id, "s", "delivered")], now)
+        assert store.quiet_until("a", 5.0) == now + 5.0  # lane s is gone: nothing new due
+        store.settle("a", "me", [Settlement(claimed[1].delivery_id, "s2", "retry", attempts=1, due_at=now + 2)], now)
+        assert store.quiet_until("a", 5.0) == now + 2  # s2 is due again then
+        store.retry_now("a", stream=None, now=now)  # an operator's write: forgotten
+        assert store.quiet_until("a", 5.0) == 0.0
+        assert [c.event.stream for c in store.claim("a", **claim, now=now)] == ["s2"]
+        assert store.quiet_until("a", 5.0) == now + 5.0
+        store.append([Event(type="t", stream="s3")])
+        assert store.route(Router([], ["a"]), 100, now) == 1
+        assert store.quiet_until("a", 5.0) == 0.0  # routed: claim again
+        assert [c.event.stream for c in store.claim("a", **claim, now=now)] == ["s3"]
+    finally:
         store.close()

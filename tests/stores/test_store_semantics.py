@@ -106,6 +106,27 @@ class TestRoute:
         assert store.route(Static(), 100, T0) == 2
         assert status(store).pending == 2
 
+    def test_content_routing_reads_no_payload(self, store: Store) -> None:
+        """A content-based router is given each event's whole envelope (every field routes
+        match on) with empty data: routing reads no payload; the claim then returns it."""
+        big = b"x" * 100_000
+        e1 = Event(
+            type="order.created",
+            stream="s",
+            source="shop",
+            tenant="acme",
+            labels={"region": "eu"},
+            tags=("vip",),
+            data=big,
+        )
+        stored = store.append([e1, ev("s", 1)])
+        seen: list[Event] = []
+        store.route(lambda e: seen.append(e) or ["d"], 100, T0)
+        assert [e.sequence for e in seen] == [e.sequence for e in stored]
+        assert all(e.data == b"" for e in seen)
+        assert seen[0].attributes() == stored[0].attributes()
+        assert [c.event.data for c in claim(store)] == [big, stored[1].data]
+
 
 class TestClaim:
     def test_claim_returns_stream_events_in_order(self, store: Store) -> None:

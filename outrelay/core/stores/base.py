@@ -234,7 +234,9 @@ class Store(ABC):
         deliveries for the destinations ``router`` returns. Returns how many
         events were routed. Never skips an event committed late. When
         ``router.static_destinations`` is set (not None), every event goes to
-        exactly those and the store need not decode events."""
+        exactly those and the store need not decode events. Otherwise ``router``
+        is called with each event's envelope and empty ``data``: routing reads
+        no payload (memory stays bounded whatever the backlog's sizes)."""
 
     @abstractmethod
     def claim(

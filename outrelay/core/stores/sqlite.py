@@ -84,6 +84,10 @@ def _busy(db: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> sqlite3
 _DUE_LANE = "destination = ? AND parked = 0 AND due_at <= ? AND (owner IS NULL OR owner <> ?)"
 _ANY_DUE_LANE = f"SELECT 1 FROM outrelay_lanes WHERE {_DUE_LANE} LIMIT 1"
 _DUE_LANES = f"SELECT stream FROM outrelay_lanes WHERE {_DUE_LANE} ORDER BY due_at LIMIT ?"
+#: when the next lane a claim by ``owner`` may take is due, given (destination, owner)
+_NEXT_DUE_LANE = (
+    "SELECT MIN(due_at) FROM outrelay_lanes WHERE destination = ? AND parked = 0 AND (owner IS NULL OR owner <> ?)"
+)
 
 _BUSY_FIRST = 0.0001  # seconds between tries of a locked database at first
 _BUSY_EAGER = 0.01  # seconds of tries every _BUSY_FIRST before backing off
@@ -104,6 +108,8 @@ class SQLiteStore(
         if not parent.exists():
             raise StoreError(f"directory {str(parent)!r} for the outbox {self.path!r} does not exist; create it first")
         self._lock = threading.RLock()
+        #: destination -> (no lane due before this time, as read then); see quiet_until
+        self._quiet: dict[str, tuple[float, float]] = {}
         self._synchronous = synchronous
         self._lockfile: int | None = None
         try:
@@ -112,6 +118,7 @@ class SQLiteStore(
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=0.0)
             _busy(self._db, "PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
+            self._sync_now = synchronous  # the connection's setting now (see _tx)
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
         except sqlite3.Error as exc:
@@ -121,31 +128,39 @@ class SQLiteStore(
 
     @contextmanager
     def _tx(self, mode: str = "IMMEDIATE", *, relaxed: bool = False) -> Iterator[sqlite3.Connection]:
-        """One write transaction on the store's connection.
+        """One write transaction on the store's connection (inside another one: that one).
 
         ``relaxed`` commits without an fsync (``synchronous=NORMAL`` in WAL
         mode) — for the relay's bookkeeping only: a power cut can then roll
         back its last transactions as a whole (WAL keeps them atomic and in
         commit order, and any later fsynced commit makes them durable), which
         means sending some events again, never losing one. Appends and
-        operator actions are never relaxed.
+        operator actions are never relaxed; such a transaction also forgets
+        what :meth:`quiet_until` knew (it may have made lanes due).
         """
         with self._lock:
             db = self._db
+            if db.in_transaction:  # called inside one of this store's transactions (route_and_claim): join it
+                yield db
+                return
             try:
-                if relaxed:
-                    db.execute("PRAGMA synchronous=NORMAL")  # outside the transaction: SQLite ignores it inside
+                # set outside the transaction (SQLite ignores it inside), and only when it changes: the
+                # relay's bookkeeping runs relaxed transaction after transaction
+                wanted = "NORMAL" if relaxed else self._synchronous
+                if self._sync_now != wanted:
+                    self._sync_now = ""  # unknown until the PRAGMA ran
+                    db.execute(f"PRAGMA synchronous={wanted}")
+                    self._sync_now = wanted
                 try:
                     _busy(db, f"BEGIN {mode}")
                     yield db
                     _busy(db, "COMMIT")
+                    if not relaxed:
+                        self._quiet.clear()
                 except BaseException:
                     if db.in_transaction:
                         db.execute("ROLLBACK")
                     raise
-                finally:
-                    if relaxed:
-                        db.execute(f"PRAGMA synchronous={self._synchronous}")
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
 
@@ -271,26 +286,36 @@ class SQLiteStore(
     def release_relay(self, owner: str) -> None:
         with self._tx(relaxed=True) as db:
             db.execute("UPDATE outrelay_lanes SET owner = NULL, due_at = 0 WHERE owner = ?", (owner,))
+            self._quiet.clear()
         if self._lockfile is not None:
             os.close(self._lockfile)
             self._lockfile = None
 
     def route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
+        with self._lock:
+            routed = self._route(router, limit, now)
+            if routed:
+                self._quiet.clear()  # lanes got deliveries: every destination claims again
+            return routed
+
+    def _route(self, router: Callable[[Event], Sequence[str]], limit: int, now: float) -> int:
         with self._tx(relaxed=True) as db:
             cursor = self._cursor(db)
             static = getattr(router, "static_destinations", None)
             if static is not None:
                 return self._route_static(db, static, cursor, limit, now)
+            # the envelope only: routes match on its fields, and reading the payloads of a routing
+            # batch (2,000 x 1 MB) held them all in memory at once
             rows = db.execute(
-                "SELECT seq, stream, attrs, data FROM outrelay_events WHERE seq > ? ORDER BY seq LIMIT ?",
+                "SELECT seq, stream, attrs FROM outrelay_events WHERE seq > ? ORDER BY seq LIMIT ?",
                 (cursor, limit),
             ).fetchall()
             if not rows:
                 return 0
             deliveries: list[tuple[str, str, int, float]] = []
             lanes: dict[tuple[str, str], int] = {}
-            for seq, stream, attrs, data in rows:
-                for dest in router(self._event(seq, attrs, data)):
+            for seq, stream, attrs in rows:
+                for dest in router(self._event(seq, attrs, b"")):
                     deliveries.append((dest, stream, seq, now))
                     lanes[(dest, stream)] = lanes.get((dest, stream), 0) + 1
             if self.audit is not None:
@@ -332,6 +357,41 @@ class SQLiteStore(
         self._set_cursor(db, int(last))
         return int(count)
 
+    def route_and_claim(
+        self, router: Callable[[Event], Sequence[str]], route_limit: int, destination: str, **claim: Any
+    ) -> tuple[int, list[Claimed]]:
+        """:meth:`route` then :meth:`claim` in one transaction: what a relay does when an append
+        wakes a destination — one hand-off to the store's thread and one commit instead of two,
+        and no wake-up of the router in between. Returns (routed, claimed). A failure rolls both
+        back: nothing is routed or claimed.
+
+        :raises StoreError: as :meth:`route` and :meth:`claim`."""
+        with self._tx(relaxed=True):
+            routed = self.route(router, route_limit, claim["now"])
+            return routed, self.claim(destination, **claim)
+
+    def quiet_until(self, destination: str, ttl: float) -> float:
+        """See :meth:`Store.quiet_until`: known from this relay's last claim of ``destination``
+        that was not full (the earliest ``due_at`` of the lanes it did not hold then), lowered by
+        its settles that kept lanes pending, forgotten when it routes or releases its lanes and
+        by every transaction that is not the relay's bookkeeping (appends, operator actions in
+        this process); trusted for ``ttl`` seconds at most (other processes' operator actions
+        are not announced)."""
+        known = self._quiet.get(destination)
+        return 0.0 if known is None else min(known[0], known[1] + ttl)
+
+    def _know_quiet(self, db: sqlite3.Connection, destination: str, owner: str, now: float) -> None:
+        """Remember when the next lane of ``destination`` that ``owner`` does not hold is due
+        (under the store's lock, in or right after the claim that read the lanes)."""
+        row = db.execute(_NEXT_DUE_LANE, (destination, owner)).fetchone()
+        self._quiet[destination] = (float("inf") if row[0] is None else float(row[0]), now)
+
+    def _lower_quiet(self, destination: str, due: float) -> None:
+        """A lane of ``destination`` is due at ``due`` (a settle kept it pending)."""
+        known = self._quiet.get(destination)
+        if known is not None and due < known[0]:
+            self._quiet[destination] = (due, known[1])
+
     def claim(
         self,
         destination: str,
@@ -343,11 +403,30 @@ class SQLiteStore(
         now: float,
         max_bytes: int | None = None,
     ) -> list[Claimed]:
+        """See :meth:`Store.claim`. A claim that is not full also reads when the next lane it
+        did not take is due, for :meth:`quiet_until` (the relay then waits without asking)."""
+        with self._lock:
+            return self._claim(destination, limit, per_lane, owner, lease_seconds, now, max_bytes)
+
+    def _claim(
+        self,
+        destination: str,
+        limit: int,
+        per_lane: int,
+        owner: str,
+        lease_seconds: float,
+        now: float,
+        max_bytes: int | None,
+    ) -> list[Claimed]:
         budget = max_bytes if max_bytes is not None else float("inf")
         # Nothing due (a relay between batches, a trickle of appends): a read says so without the write
         # transaction below, whose lock an appender's fsync holds for a millisecond at a time. A lane due a
         # moment after this read is claimed by the next claim, as if this one had run a moment earlier.
         if not self._q(_ANY_DUE_LANE, (destination, now, owner)):
+            try:
+                self._know_quiet(self._db, destination, owner, now)
+            except sqlite3.Error as exc:
+                raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
             return []
         with self._tx(relaxed=True) as db:
             streams = [r[0] for r in db.execute(_DUE_LANES, (destination, now, owner, limit))]
@@ -382,6 +461,10 @@ class SQLiteStore(
                 [(owner, now + lease_seconds, destination, s) for s in leased],
             )
             data = self._data(db, [p[3] for p in picked])
+            if len(picked) < limit:
+                self._know_quiet(db, destination, owner, now)
+            else:
+                self._quiet.pop(destination, None)  # full: the next claim asks the database
         decode, loads = Event.from_attributes, orjson.loads
         claimed = [
             Claimed(d_id, decode(loads(attrs), data[seq], seq), attempts, first)
@@ -494,10 +577,12 @@ class SQLiteStore(
                     "WHERE destination = ? AND stream = ? AND owner = ?",
                     (due, int(parked), destination, stream, owner),
                 )
-                db.execute(
+                emptied = db.execute(
                     "DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ? AND pending <= 0",
                     (destination, stream),
-                )
+                ).rowcount
+                if not emptied and not parked:  # the lane keeps deliveries: due again at `due`
+                    self._lower_quiet(destination, due)
             if delivered:
                 db.execute(
                     "INSERT INTO outrelay_destinations (destination, delivered) VALUES (?, ?) "

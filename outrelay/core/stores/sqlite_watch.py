@@ -8,23 +8,33 @@ wal-index. :class:`CommitWatcher` runs one daemon thread:
 * **Linux**: it blocks on an ``inotify`` watch of the database's directory
   (events for the ``-wal`` file only), so an idle relay costs nothing. The
   ``write()`` is seen slightly *before* the commit is visible (the fsync
-  comes between), so after each event the thread keeps checking for
-  ``HOT_WINDOW`` seconds; a check that finds a new last event ``seq`` calls
-  the callback. It checks every ``FAST_STEP`` (1 ms) while that pays: after
-  the first WAL write following ``QUIET`` seconds without one (an append,
-  most likely) and for ``HOT_WINDOW`` after a check that found new events.
-  Otherwise — the WAL writes are the relay's own bookkeeping, as during a
-  drain, when a 1 ms cadence meant two thousand checks a second and 12% of a
-  core (about 12 µs of CPU per relayed event) for nothing — every
-  ``SLOW_STEP`` (5 ms), so an append is still seen within that.
+  comes between), and most WAL writes are the relay's own bookkeeping
+  (route, claim, settle: several per relayed event at a trickle, when
+  following each with a hundred milliseconds of checks every 1-5 ms cost
+  most of the relay's CPU). So after a WAL write it first asks whether
+  *another process* holds SQLite's WAL write lock (``F_GETLK`` on the lock
+  byte in the ``-shm`` file: a lock held by this process, the relay's own,
+  is not reported), then checks once. A writer that holds the lock has not
+  made its commit visible yet: the thread checks again every ``FAST_STEP``
+  (1 ms) until the lock is free (after ``HOT_WINDOW``, every ``SLOW_STEP``;
+  after a second, every 50 ms).
+  A free lock means every write seen before it is committed or rolled back,
+  so the one check sees it; the relay's own writes thus cost one check (writes
+  within a millisecond of the last check share the next one). A
+  check that finds the data unchanged after a write (a writer of this
+  process still committing) is followed up the same way until it changes,
+  for ``HOT_WINDOW`` at most.
 * **Elsewhere** (or if inotify is unavailable) it polls: every 2 ms while
   appends keep coming, backing off to 50 ms after a second of quiet.
 
 A check is ``PRAGMA data_version`` (a read of the shared wal-index header,
 no table access) and, only when that moved, ``SELECT MAX(seq)`` on the
 watcher's own read-only connection; so the relay's own bookkeeping writes
-(route, claim, settle) never wake it. Missed notices are harmless: the relay
-still polls every ``relay.poll_interval``.
+(route, claim, settle) never call the callback. Missed notices are harmless
+(the relay still polls every ``relay.poll_interval``); one can be late only
+for an appender *in the relay's process* on a connection of its own (not the
+relay's :class:`~outrelay.Outbox`, which wakes the relay itself) whose write
+overlaps the relay's own commit.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import fcntl
 import logging
 import os
 import select
@@ -46,10 +57,12 @@ __all__ = ["CommitWatcher"]
 
 log = logging.getLogger("outrelay.relay")
 
-HOT_WINDOW = 0.1  # seconds of checks after a WAL write (covers the commit's fsync)
-FAST_STEP = 0.001  # seconds between checks while they find appends (or after a quiet spell)
-SLOW_STEP = 0.005  # seconds between checks while the WAL writes add no events (the relay's bookkeeping)
-QUIET = 0.05  # seconds without a WAL write after which the next one is taken for an append
+HOT_WINDOW = 0.1  # seconds of checks every FAST_STEP while a write is not visible yet (covers an fsync)
+FAST_STEP = 0.001  # seconds between checks while another writer holds the WAL write lock
+SLOW_STEP = 0.005  # seconds between checks after HOT_WINDOW (a long write transaction elsewhere)
+_LONG_STEP = 0.05  # seconds between checks after a second of it
+_WAL_WRITE_LOCK = 120  # byte of the -shm file SQLite's unix VFS locks for the WAL writer (UNIX_SHM_BASE + 0)
+_FLOCK = "hhqqixxxx"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid (padded)
 _IN_MODIFY, _IN_CREATE, _IN_MOVED_TO = 0x2, 0x100, 0x80
 _OVERFLOW_WD = struct.pack("i", -1)  # the watch descriptor of IN_Q_OVERFLOW events
 _IN_NONBLOCK, _IN_CLOEXEC = 0o4000, 0o2000000
@@ -73,6 +86,26 @@ def _inotify(directory: str) -> int | None:
         return None
 
 
+def _open_shm(path: str) -> int | None:
+    """A read-only fd on the database's ``-shm`` file (for :func:`_foreign_writer`), or None."""
+    try:
+        return os.open(path + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # not in WAL mode yet, or no shared memory file: every write is followed up
+        return None
+
+
+def _foreign_writer(shm: int | None) -> bool:
+    """True when another process holds the WAL write lock (is writing, its commit not visible yet),
+    or when that cannot be told. POSIX record locks of this process are never reported to it."""
+    if shm is None:
+        return True
+    try:
+        got = fcntl.fcntl(shm, fcntl.F_GETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, _WAL_WRITE_LOCK, 1, 0))
+    except OSError:
+        return True
+    return bool(struct.unpack(_FLOCK, got)[0] != fcntl.F_UNLCK)
+
+
 class CommitWatcher:
     """Calls ``callback("appended")`` from its thread when another connection
     commits new events to the SQLite outbox at ``path`` (see module docstring).
@@ -89,6 +122,7 @@ class CommitWatcher:
         self._version = -1
         self._last = self._max_seq()
         self._fd = _inotify(os.path.dirname(os.path.abspath(path)))
+        self._shm = _open_shm(path) if self._fd is not None else None
         self._wake_r, self._wake_w = os.pipe()  # stop() ends a blocking select at once
         self._thread = threading.Thread(target=self._run, name="outrelay-sqlite-watch", daemon=True)
         self._thread.start()
@@ -103,7 +137,7 @@ class CommitWatcher:
         self._stopped.set()
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=5)
-        for fd in (self._fd, self._wake_r, self._wake_w):
+        for fd in (self._fd, self._shm, self._wake_r, self._wake_w):
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -117,16 +151,21 @@ class CommitWatcher:
 
     def _check(self) -> bool:
         """True if new events were committed since the last check (callback called)."""
+        return self._look() == "appended"
+
+    def _look(self) -> str:
+        """One check: ``"appended"`` (new events committed; callback called), ``"changed"``
+        (other commits, e.g. the relay's bookkeeping) or ``"same"`` (nothing committed)."""
         version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
         if version == self._version:
-            return False
+            return "same"
         self._version = version
         last = self._max_seq()
         if last == self._last:
-            return False  # our own bookkeeping, or a rollback
+            return "changed"  # our own bookkeeping, or a rollback
         self._last = last
         self._callback("appended")
-        return True
+        return "appended"
 
     def _drain_events(self) -> bool:
         """Read pending inotify events; True if one may concern the WAL file.
@@ -162,27 +201,44 @@ class CommitWatcher:
                     return
 
     def _run_inotify(self) -> None:
-        """The Linux loop (see the module docstring): block until a WAL write, then, until
-        ``HOT_WINDOW`` after the last one, sleep to the next check at the fast or slow cadence
-        and read the writes that came meanwhile all at once (a relay's own bookkeeping writes
-        one inotify event per page: waking for each cost more than the checks)."""
+        """The Linux loop (see the module docstring): block until a WAL write; then ask whether
+        another process is still writing, and check. Follow up every ``FAST_STEP`` (``SLOW_STEP``
+        after ``HOT_WINDOW``) while a writer is not done: another process holds the WAL write lock,
+        or nothing became visible after a write (a writer of this process); else block again.
+        Writes that come meanwhile are read all at once (one inotify event per page written)."""
         assert self._fd is not None
-        hot_until = fast_until = last_write = 0.0
-        due: float | None = None  # when the next check is due; None: block until a write
+        pending_since: float | None = None  # when the writer being waited for was first seen
+        unseen = False  # a write was seen, and no commit since
+        checked = 0.0  # when the last check ran
         while not self._stopped.is_set():
             try:
-                if due is None:
+                if pending_since is None:
                     select.select([self._fd, self._wake_r], [], [])
+                    rest = FAST_STEP - (time.monotonic() - checked)
+                    if rest > 0:  # writes within a millisecond of the last check: one check for them all
+                        select.select([self._wake_r], [], [], rest)
                 else:
-                    select.select([self._wake_r], [], [], max(0.0, due - time.monotonic()))
+                    waited = time.monotonic() - pending_since
+                    step = FAST_STEP if waited < HOT_WINDOW else SLOW_STEP if waited < 1.0 else _LONG_STEP
+                    select.select([self._wake_r], [], [], step)
+                wrote = self._drain_events()
+                if not wrote and pending_since is None:
+                    continue
+                unseen = unseen or wrote
+                if self._shm is None:
+                    self._shm = _open_shm(self._path)
+                writing = _foreign_writer(self._shm)  # first: a lock free now means every write seen is done
+                seen = self._look()
+                checked = time.monotonic()
+                if seen != "same":
+                    unseen = False
                 now = time.monotonic()
-                if self._drain_events():
-                    if now - last_write >= QUIET:  # the first write after a quiet spell: an append, most likely
-                        fast_until = now + HOT_WINDOW
-                    last_write, hot_until = now, now + HOT_WINDOW
-                if self._check():
-                    fast_until = now + HOT_WINDOW
-                due = now + (FAST_STEP if now < fast_until else SLOW_STEP) if now < hot_until else None
+                if not (writing or unseen):
+                    pending_since = None
+                elif pending_since is None or seen != "same":  # waiting starts, or commits go on
+                    pending_since = now
+                elif unseen and now - pending_since >= HOT_WINDOW:
+                    unseen = False  # a write of this process that never committed (rolled back)
             except (sqlite3.Error, OSError) as exc:  # e.g. the file was replaced: polling still covers us
                 log.debug("sqlite commit watcher: %s", exc)
                 if self._stopped.wait(0.5):
