@@ -17,8 +17,8 @@ process on the host (information: the WAL writer and checkpointer work for
 the relay too, but other clients of the server count there as well).
 
 Several relay processes on one PostgreSQL outbox: ``bench_postgres_relays.py``.
-``--profile FILE`` writes a cProfile of the PostgreSQL drain. ``--attempts off`` turns
-the delivery-attempt log off (``[attempts] enabled = false``; on by default, as in a relay).
+``--profile FILE`` writes a cProfile of the PostgreSQL drain. ``--attempts on`` turns
+the delivery-attempt log on (``[attempts] enabled = true``; off by default, as in a relay).
 Uses ``OUTRELAY_POSTGRES_URL`` (default postgresql://postgres@127.0.0.1/test).
 """
 
@@ -42,7 +42,7 @@ from outrelay.transports.memory import MemoryTransport
 
 URL = os.environ.get("OUTRELAY_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test").split("?", 1)[0]
 #: ``[attempts] enabled`` of the drained relays (``--attempts``)
-ATTEMPTS = {"enabled": True}
+ATTEMPTS = {"enabled": False}
 
 
 def config(url: str, broker: str) -> object:
@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--mode", choices=("compare",), default="compare", help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=1, help="compare: repeat the pair and print the median ratio")
     ap.add_argument("--profile", help="write a cProfile of the PostgreSQL drain here")
-    ap.add_argument("--attempts", choices=("on", "off"), default="on", help="the delivery-attempt log")
+    ap.add_argument("--attempts", choices=("on", "off"), default="off", help="the delivery-attempt log")
     args = ap.parse_args()
     ATTEMPTS["enabled"] = args.attempts == "on"
     compare(args.count, args.streams, args.size, args.profile, args.rounds)

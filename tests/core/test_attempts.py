@@ -40,7 +40,9 @@ async def receiver() -> AsyncIterator[WebhookReceiver]:
 
 
 def _config(tmp_path: Path, url: str, hook_url: str, **attempts: Any) -> Path:
-    """Write outrelay.toml (one webhook destination, fast retries) and return its path."""
+    """Write outrelay.toml (one webhook destination, fast retries, the attempt log on unless
+    ``enabled`` is given) and return its path."""
+    attempts.setdefault("enabled", True)
     lines = [
         "[outbox]", f'url = "{url}"', "[relay]", "poll_interval = 0.05",
         "[destinations.hooks]", 'transport = "webhook"', f'url = "{hook_url}"', f'secret = "{SECRET}"',
