@@ -83,7 +83,8 @@ class SqlBusTransport(LifecycleTransport):
         return self.cfg.target
 
     async def _open(self) -> None:
-        self._db = connect(self.cfg.path)
+        self._db = await asyncio.to_thread(connect, self.cfg.path)
+        self._write_lock = threading.Lock()
 
     async def _close(self) -> None:
         if self._db is not None:
@@ -94,7 +95,13 @@ class SqlBusTransport(LifecycleTransport):
         assert self._db is not None
         rows = [(m.target, m.event.stream, orjson.dumps(cloudevents.binary_headers(m.event, content_type=True)),
                  m.event.data) for m in batch]  # fmt: skip
-        self._db.executemany("INSERT INTO msgs (target, stream, headers, body) VALUES (?, ?, ?, ?)", rows)
+        db, lock = self._db, self._write_lock
+
+        def insert() -> None:  # a commit may wait on the disk: never on the event loop (the loop watch)
+            with lock:
+                db.executemany("INSERT INTO msgs (target, stream, headers, body) VALUES (?, ?, ?, ?)", rows)
+
+        await asyncio.to_thread(insert)
         return [Delivered() for _ in batch]
 
     def subscription(self, spec: SubscriptionSpec) -> SubscriptionBackend:
