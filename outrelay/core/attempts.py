@@ -1,6 +1,6 @@
 """The delivery-attempt log: every attempt of an event to a destination, kept in the outbox.
 
-On by default; ``[attempts] enabled = false`` turns it off (nothing is then
+Off by default; ``[attempts] enabled = true`` turns it on (off, nothing is
 built, written or read on the hot path). For every event a destination's
 transport attempted, the settle that records the outcome also inserts one
 row into ``outrelay_attempts`` (PostgreSQL: ``<prefix>attempts``) in the same

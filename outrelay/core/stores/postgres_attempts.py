@@ -177,15 +177,7 @@ class PostgresAttemptsMixin(PostgresParts):
             for dl_id, dest, state, delivery_id in dead:
                 if dest not in wanted:
                     continue
-                if state == "parked":
-                    cur.execute(f"UPDATE {n.deliveries} SET attempts = 0 WHERE id = %s", (delivery_id,))
-                    cur.execute(
-                        f"UPDATE {n.lanes} SET parked = false, due_at = %s WHERE destination = %s AND stream = %s",
-                        (now, dest, stream),
-                    )
-                else:
-                    self._enqueue(cur, dest, stream, seq, now)
-                cur.execute(f"UPDATE {n.dead_letters} SET state = 'replayed' WHERE id = %s", (dl_id,))
+                self._requeue_dead(cur, dl_id, dest, stream, seq, state, delivery_id, now)
                 out.append((dest, f"{state} letter {dl_id} queued again"))
             if out or not redeliver:
                 return out
@@ -200,3 +192,14 @@ class PostgresAttemptsMixin(PostgresParts):
 
         def _lock_lanes(self, cur: Cursor, keys: set[tuple[str, str]]) -> None: ...
         def _enqueue(self, cur: Cursor, dest: str, stream: str, seq: int, now: float) -> None: ...
+        def _requeue_dead(
+            self,
+            cur: Cursor,
+            dl_id: int,
+            dest: str,
+            stream: str,
+            seq: int,
+            state: str,
+            delivery_id: int | None,
+            now: float,
+        ) -> None: ...

@@ -135,6 +135,22 @@ class OperatorMixin(PostgresParts):
                 f"SELECT 1 FROM {self.n.lanes} WHERE destination = %s AND stream = %s FOR UPDATE", (dest, stream)
             )
 
+    def _requeue_dead(
+        self, cur: Cursor, dl_id: int, dest: str, stream: str, seq: int, state: str, delivery_id: int | None, now: float
+    ) -> None:
+        """Send dead letter ``dl_id`` again: a parked head is unparked (its delivery counts from 0 and its
+        lane is due now), a dead one is queued anew; the letter is marked replayed. The caller holds the lane."""
+        n = self.n
+        if state == "parked":
+            cur.execute(f"UPDATE {n.deliveries} SET attempts = 0 WHERE id = %s", (delivery_id,))
+            cur.execute(
+                f"UPDATE {n.lanes} SET parked = false, due_at = %s WHERE destination = %s AND stream = %s",
+                (now, dest, stream),
+            )
+        else:
+            self._enqueue(cur, dest, stream, seq, now)
+        cur.execute(f"UPDATE {n.dead_letters} SET state = 'replayed' WHERE id = %s", (dl_id,))
+
     def _enqueue(self, cur: Cursor, dest: str, stream: str, seq: int, now: float) -> None:
         n = self.n
         cur.execute(
@@ -148,8 +164,6 @@ class OperatorMixin(PostgresParts):
         )
 
     def replay_dead(self, ids: Sequence[int] | None, *, destination: str | None, now: float) -> int:
-        n = self.n
-
         def fn(cur: Cursor) -> int:
             rows = self._select_dead(cur, ids, destination)
             if ids is not None and len(rows) != len(set(ids)):
@@ -158,15 +172,7 @@ class OperatorMixin(PostgresParts):
                 raise NotFoundError(f"no replayable dead letter with id {missing[0]}; see `outrelay dlq list`")
             self._lock_lanes(cur, {(r[2], r[3]) for r in rows})
             for dl_id, seq, dest, stream, state, delivery_id in rows:
-                if state == "parked":
-                    cur.execute(f"UPDATE {n.deliveries} SET attempts = 0 WHERE id = %s", (delivery_id,))
-                    cur.execute(
-                        f"UPDATE {n.lanes} SET parked = false, due_at = %s WHERE destination = %s AND stream = %s",
-                        (now, dest, stream),
-                    )
-                else:
-                    self._enqueue(cur, dest, stream, seq, now)
-                cur.execute(f"UPDATE {n.dead_letters} SET state = 'replayed' WHERE id = %s", (dl_id,))
+                self._requeue_dead(cur, dl_id, dest, stream, seq, state, delivery_id, now)
             return len(rows)
 
         return self._run(fn)

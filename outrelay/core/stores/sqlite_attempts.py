@@ -114,15 +114,7 @@ class SQLiteAttemptsMixin(SQLiteParts):
             for dl_id, dest, state, delivery_id in dead:
                 if destination is not None and dest != destination:
                     continue
-                if state == "parked":
-                    db.execute("UPDATE outrelay_deliveries SET attempts = 0 WHERE id = ?", (delivery_id,))
-                    db.execute(
-                        "UPDATE outrelay_lanes SET parked = 0, due_at = ? WHERE destination = ? AND stream = ?",
-                        (now, dest, stream),
-                    )
-                else:
-                    self._enqueue(db, dest, stream, seq, now)
-                db.execute("UPDATE outrelay_dead_letters SET state = 'replayed' WHERE id = ?", (dl_id,))
+                self._requeue_dead(db, dl_id, dest, stream, seq, state, delivery_id, now)
                 out.append((dest, f"{state} letter {dl_id} queued again"))
             if out or not redeliver:
                 return out
@@ -135,6 +127,11 @@ class SQLiteAttemptsMixin(SQLiteParts):
 
         @staticmethod
         def _enqueue(db: sqlite3.Connection, dest: str, stream: str, seq: int, now: float) -> None: ...
+        @classmethod
+        def _requeue_dead(
+            cls, db: sqlite3.Connection, dl_id: int, dest: str, stream: str, seq: int, state: str,
+            delivery_id: int | None, now: float,
+        ) -> None: ...  # fmt: skip
 
 
 def _filters(

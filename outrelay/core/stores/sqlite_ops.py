@@ -129,16 +129,25 @@ class SQLiteOperatorMixin(SQLiteParts):
                 missing = [i for i in ids if i not in found]
                 raise NotFoundError(f"no replayable dead letter with id {missing[0]}; see `outrelay dlq list`")
             for dl_id, seq, dest, stream, state, delivery_id in rows:
-                if state == "parked":
-                    db.execute("UPDATE outrelay_deliveries SET attempts = 0 WHERE id = ?", (delivery_id,))
-                    db.execute(
-                        "UPDATE outrelay_lanes SET parked = 0, due_at = ? WHERE destination = ? AND stream = ?",
-                        (now, dest, stream),
-                    )
-                else:
-                    self._enqueue(db, dest, stream, seq, now)
-                db.execute("UPDATE outrelay_dead_letters SET state = 'replayed' WHERE id = ?", (dl_id,))
+                self._requeue_dead(db, dl_id, dest, stream, seq, state, delivery_id, now)
             return len(rows)
+
+    @classmethod
+    def _requeue_dead(
+        cls, db: sqlite3.Connection, dl_id: int, dest: str, stream: str, seq: int, state: str, delivery_id: int | None,
+        now: float,
+    ) -> None:  # fmt: skip
+        """Send dead letter ``dl_id`` again: a parked head is unparked (its delivery counts from 0 and its
+        lane is due now), a dead one is queued anew; the letter is marked replayed."""
+        if state == "parked":
+            db.execute("UPDATE outrelay_deliveries SET attempts = 0 WHERE id = ?", (delivery_id,))
+            db.execute(
+                "UPDATE outrelay_lanes SET parked = 0, due_at = ? WHERE destination = ? AND stream = ?",
+                (now, dest, stream),
+            )
+        else:
+            cls._enqueue(db, dest, stream, seq, now)
+        db.execute("UPDATE outrelay_dead_letters SET state = 'replayed' WHERE id = ?", (dl_id,))
 
     @staticmethod
     def _enqueue(db: sqlite3.Connection, dest: str, stream: str, seq: int, now: float) -> None:
