@@ -22,30 +22,77 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
+from outrelay.core.attempts import AttemptLog
 from outrelay.core.breaker import Breaker, save_state
-from outrelay.core.config import DestinationConfig
+from outrelay.core.budget import ByteBudget
+from outrelay.core.config import DestinationConfig, OutrelayConfig
 from outrelay.core.errors import PermanentError, RetryableError, StoreError, UsageError
+from outrelay.core.handoff import RoutingHandoff
 from outrelay.core.progress import Progress, sending
 from outrelay.core.retry import backoff_delay
+from outrelay.core.routing import Router
 from outrelay.core.segments import RejectedTarget
-from outrelay.core.stores.base import Attempt, Claimed, SettleKind, Settlement
+from outrelay.core.stores.base import Attempt, Claimed, SettleKind, Settlement, Store
 from outrelay.core.transport import Delivered, Message, NotSent, Rejected, RetryLater, SendResult, Transport
 
-if TYPE_CHECKING:
-    from outrelay.core.relay import Relay
-
-__all__ = ["DestinationWorker"]
+__all__ = ["DestinationWorker", "WorkerHost"]
 
 log = logging.getLogger("outrelay.relay")
+T = TypeVar("T")
+
+
+class WorkerHost(Protocol):
+    """What a :class:`DestinationWorker` needs of the relay that runs it (the
+    :class:`~outrelay.core.relay.Relay` is one): the store and a way to call it off the
+    loop, the configuration, the relay's identity as lease owner, the plugin hooks, the
+    byte budget shared by all destinations, the router (which events park), the attempt
+    log, the routing hand-off, and the relay's stop flag."""
+
+    config: OutrelayConfig
+    store: Store
+    owner: str
+    hook: Any  # pluggy's hook relay: outrelay_send_transform, _batch_settled, _breaker_changed
+    budget: ByteBudget
+    router: Router
+    attempt_log: AttemptLog | None
+    #: the store's route-then-claim in one transaction, or None (the router routes new appends)
+    route_and_claim: Callable[..., tuple[int, list[Claimed]]] | None
+    handoff: RoutingHandoff
+    stopping: bool
+
+    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a store call off the event loop."""
+        ...
+
+    def wake(self, pending_commit: bool = False) -> None:
+        """New appends may be waiting: route them."""
+        ...
+
+    def routed(self, count: int, started: float) -> None:
+        """``count`` events were routed by a destination's claim (report them, wake the others)."""
+        ...
+
+
+@dataclass
+class _Attempted:
+    """One attempt of a batch: the messages sent, their results, whether ``attempt_timeout``
+    expired, and when (wall clock) and how long (seconds) the send ran."""
+
+    messages: list[Message]
+    results: Sequence[SendResult]
+    timed_out: bool
+    sent_at: float
+    elapsed: float
 
 
 class DestinationWorker:
     """Delivery loop of one destination (see module docstring)."""
 
-    def __init__(self, relay: Relay, name: str, transport: Transport, config: DestinationConfig) -> None:
+    def __init__(self, relay: WorkerHost, name: str, transport: Transport, config: DestinationConfig) -> None:
         self.relay = relay
         self.name = name
         self.transport = transport
@@ -157,18 +204,8 @@ class DestinationWorker:
     async def _step(self) -> None:
         """One pass of the claim loop: wait if paused, else claim a batch and start sending it."""
         relay = self.relay
-        if self.disabled is not None or not self.config.enabled:
-            await self._sleep(relay.config.relay.poll_interval)
+        if await self._paused():
             return
-        now = time.time()
-        if now < self.blocked_until:
-            await self._sleep(self.blocked_until - now)
-            return
-        if not relay.routing_waits:  # the store may know, without a query, that nothing is due yet
-            quiet = relay.store.quiet_until(self.name, relay.config.relay.poll_interval)
-            if quiet > now:
-                await self._wait_for_work(quiet)
-                return
         await self.slots.acquire()
         room = 0 if relay.stopping else await relay.budget.room()
         if room <= 0:  # stopping
@@ -185,26 +222,8 @@ class DestinationWorker:
                 await self._sleep(wait)
                 return
         claim_started = time.time()
-        combined = relay.route_and_claim
-        route = combined is not None and relay.take_routing()
-        claim = {
-            "limit": 1 if probe else self.batch_size, "per_lane": 1 if probe else self.per_lane, "owner": relay.owner,
-            "lease_seconds": relay.config.relay.lease_seconds, "now": claim_started, "max_bytes": room,
-        }  # fmt: skip
         try:
-            if combined is not None and route:
-                try:
-                    routed, claimed = await relay.db(
-                        combined, relay.router, relay.config.relay.route_batch, self.name, **claim
-                    )
-                except BaseException:
-                    relay.wake()  # routed nothing: the appends wait for the next routing again
-                    raise
-                finally:
-                    relay.routing_done()
-                relay.routed(routed, claim_started)
-            else:
-                claimed = await relay.db(relay.store.claim, self.name, **claim)
+            claimed = await self._claim(probe, room, claim_started)
         except BaseException:
             self.slots.release()
             raise
@@ -224,6 +243,46 @@ class DestinationWorker:
         task = asyncio.create_task(self._process(claimed, size, (claim_started, time.time()), probe))
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
+
+    async def _paused(self) -> bool:
+        """Wait instead of claiming when the destination is disabled, blocked (backing off after
+        a batch that failed whole) or has nothing due yet; True when it waited."""
+        relay = self.relay
+        poll = relay.config.relay.poll_interval
+        if self.disabled is not None or not self.config.enabled:
+            await self._sleep(poll)
+            return True
+        now = time.time()
+        if now < self.blocked_until:
+            await self._sleep(self.blocked_until - now)
+            return True
+        if not relay.handoff.waits:  # the store may know, without a query, that nothing is due yet
+            quiet = relay.store.quiet_until(self.name, poll)
+            if quiet > now:
+                await self._wait_for_work(quiet)
+                return True
+        return False
+
+    async def _claim(self, probe: bool, room: int, now: float) -> list[Claimed]:
+        """Claim a batch (one event when ``probe``) within ``room`` bytes; where the store routes
+        and claims in one transaction and appends are waiting, route them first (the hand-off)."""
+        relay = self.relay
+        claim: dict[str, Any] = {
+            "limit": 1 if probe else self.batch_size, "per_lane": 1 if probe else self.per_lane, "owner": relay.owner,
+            "lease_seconds": relay.config.relay.lease_seconds, "now": now, "max_bytes": room,
+        }  # fmt: skip
+        combined = relay.route_and_claim
+        if combined is None or not relay.handoff.take():
+            return await relay.db(relay.store.claim, self.name, **claim)
+        try:
+            routed, claimed = await relay.db(combined, relay.router, relay.config.relay.route_batch, self.name, **claim)
+        except BaseException:
+            relay.wake()  # routed nothing: the appends wait for the next routing again
+            raise
+        finally:
+            relay.handoff.done()
+        relay.routed(routed, now)
+        return claimed
 
     async def _open(self) -> None:
         delay = 0.2
@@ -256,8 +315,10 @@ class DestinationWorker:
         """
         if self.relay.stopping:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wake.wait(), timeout=max(0.0, seconds))
+        if not self.wake.is_set():  # a timeout scope, not wait_for's task per sleep
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, seconds)):
+                    await self.wake.wait()
         self.wake.clear()
 
     async def _wait_for_work(self, quiet: float = 0.0) -> None:
@@ -269,7 +330,7 @@ class DestinationWorker:
         if not next_due:
             next_due = await self.relay.db(self.relay.store.next_due, self.name)
         timeout = poll if next_due is None else min(poll, max(0.001, next_due - time.time()))
-        if self.relay.routing_waits:  # appends came in meanwhile: the next claim routes them
+        if self.relay.handoff.waits:  # appends came in meanwhile: the next claim routes them
             return
         self.idle = True
         try:
@@ -321,90 +382,30 @@ class DestinationWorker:
         claim_times: tuple[float, float] = (0.0, 0.0),
         probe: bool = False,
     ) -> None:
+        """Send one claimed batch and settle every message of it: attempt, settle (with the
+        attempt log's rows), then the destination's health and reports. Cut at shutdown,
+        what the broker confirmed is settled as delivered; a batch that cannot be settled
+        stays leased (sent again after the relay stops). Always frees its slot and bytes."""
         settled = False
         messages: list[Message] = []
         progress = Progress(asyncio.get_running_loop().time() + self.config.attempt_timeout)
         try:
-            transport = self.transport
-            messages = [Message(c.event, transport.target(c.event), c.event.stream, c.attempts + 1) for c in claimed]
+            messages = [
+                Message(c.event, self.transport.target(c.event), c.event.stream, c.attempts + 1) for c in claimed
+            ]
             failed: list[SendResult] | None = None
-            if self.transforms:
+            if self.transforms:  # what a cut at shutdown settles is known by the transformed messages
                 messages, failed = await self._transform(messages, progress)
-            started, sent_at = time.monotonic(), time.time()
-            self.sending.add(progress)
-            try:
-                results, timed_out = (failed, False) if failed is not None else await self._send(messages, progress)
-            finally:
-                self.sending.discard(progress)
-            elapsed = time.monotonic() - started
+            sent = await self._attempt(messages, failed, progress)
             now = time.time()
-            # the breaker counts the outcomes; a probe's failure settles as held (not an attempt)
-            planned = results if self.breaker is None else self.breaker.outcomes(results, probe=probe, now=now)
-            settlements, disable = self._plan(claimed, planned, now)
-            logged = (  # the delivery-attempt log's rows, written by the settle below
-                None
-                if self.relay.attempt_log is None
-                else self.relay.attempt_log.mark(self.name, claimed, results, settlements, sent_at, elapsed)
-            )
-            if disable is not None:  # stop claiming before the settle below releases the lanes
-                self.disabled = disable
-                self._disable_version += 1
-            await self._settle(settlements, now, logged)
+            settlements, disable = await self._conclude(claimed, sent, now, probe)
             settled = True
-            # a message not attempted (NotSent) is no failure: it waits for the next claim as it was
-            failures = [r for r in results if not isinstance(r, Delivered | NotSent)]
-            self._adapt_lane(timed_out or progress.declined, failures)
-            if len(failures) < len(results) and any(isinstance(r, Delivered) for r in results):
-                self._recovered()
-            elif any(isinstance(r, RetryLater) for r in failures):
-                first_retry = next(r for r in failures if isinstance(r, RetryLater))
-                self._failing(first_retry.error)
-            if failures:
-                first = failures[0]
-                self.last_error = first.error if isinstance(first, RetryLater) else getattr(first, "reason", "")
-                await self.relay.db(self.relay.store.record_error, self.name, self.last_error, now)
-                # a timed-out batch may hold one stuck stream among healthy ones: back off per lane
-                # (the settlements above), without pausing the whole destination
-                if not timed_out and len(failures) == len(results) and all(isinstance(r, RetryLater) for r in failures):
-                    pause = (
-                        min(s.due_at for s in settlements if s.kind == "retry")
-                        if any(s.kind == "retry" for s in settlements)
-                        else now
-                    )
-                    self.blocked_until = max(self.blocked_until, pause)
+            await self._health(sent, settlements, progress, now)
             if disable is not None:
-                log.error(
-                    "destination %s disabled: %s; re-enable with `outrelay enable %s`",
-                    self.name,
-                    disable,
-                    self.name,
-                    extra={"destination": self.name, "error": disable},
-                )
-                await self.relay.db(self.relay.store.set_disabled, self.name, disable, now)
+                await self._disable(disable, now)
             if self.breaker is not None and self.breaker.dirty:
                 await self._save_breaker(self.breaker)
-            self.counts["batches"] += 1
-            self.relay.hook.outrelay_batch_settled(
-                destination=self.name,
-                messages=messages,
-                results=results,
-                elapsed=elapsed,
-                timeline=(*claim_times, sent_at, sent_at + elapsed, time.time()),
-            )
-            if log.isEnabledFor(logging.DEBUG):
-                for m, r in zip(messages, results, strict=True):
-                    log.debug(
-                        "published %s",
-                        type(r).__name__,
-                        extra={
-                            "event_id": m.event.id,
-                            "stream": m.event.stream,
-                            "tenant": m.event.tenant,
-                            "event_type": m.event.type,
-                            "producer": m.event.source,
-                            "destination": self.name,
-                        },
-                    )
+            self._report(sent, claim_times)
         except asyncio.CancelledError:
             if not settled:  # cut at shutdown: what the broker confirmed is not sent again after the restart
                 await self._settle_confirmed(claimed, messages, progress)
@@ -427,6 +428,101 @@ class DestinationWorker:
             self.relay.budget.free(size)
             self.slots.release()
             self.wake.set()
+
+    async def _attempt(
+        self, messages: list[Message], failed: list[SendResult] | None, progress: Progress
+    ) -> _Attempted:
+        """One send under ``attempt_timeout`` (every failure as per-message results), unless the
+        transforms ``failed`` the batch already."""
+        started, sent_at = time.monotonic(), time.time()
+        self.sending.add(progress)
+        try:
+            results, timed_out = (failed, False) if failed is not None else await self._send(messages, progress)
+        finally:
+            self.sending.discard(progress)
+        return _Attempted(messages, results, timed_out, sent_at, time.monotonic() - started)
+
+    async def _conclude(
+        self, claimed: Sequence[Claimed], sent: _Attempted, now: float, probe: bool
+    ) -> tuple[list[Settlement], str | None]:
+        """Plan each message's settlement (the breaker counts the outcomes; a probe's failure
+        settles as held, not an attempt) and settle them with the attempt log's rows. Returns
+        the settlements and the reason to disable the destination, if a result asked for it
+        (claiming stops before the settle releases the lanes)."""
+        results = sent.results
+        planned = results if self.breaker is None else self.breaker.outcomes(results, probe=probe, now=now)
+        settlements, disable = self._plan(claimed, planned, now)
+        attempt_log = self.relay.attempt_log
+        logged = (
+            None
+            if attempt_log is None
+            else attempt_log.mark(self.name, claimed, results, settlements, sent.sent_at, sent.elapsed)
+        )
+        if disable is not None:
+            self.disabled = disable
+            self._disable_version += 1
+        await self._settle(settlements, now, logged)
+        return settlements, disable
+
+    async def _health(self, sent: _Attempted, settlements: list[Settlement], progress: Progress, now: float) -> None:
+        """After a settled batch: adapt the per-stream batch size, log an outage's start or end,
+        record the error for ``status``, and pause the destination when the whole batch failed
+        retryably (until its earliest retry). A message not attempted (NotSent) is no failure:
+        it waits for the next claim as it was."""
+        results = sent.results
+        failures = [r for r in results if not isinstance(r, Delivered | NotSent)]
+        self._adapt_lane(sent.timed_out or progress.declined, failures)
+        if len(failures) < len(results) and any(isinstance(r, Delivered) for r in results):
+            self._recovered()
+        elif any(isinstance(r, RetryLater) for r in failures):
+            self._failing(next(r for r in failures if isinstance(r, RetryLater)).error)
+        if not failures:
+            return
+        first = failures[0]
+        self.last_error = first.error if isinstance(first, RetryLater) else getattr(first, "reason", "")
+        await self.relay.db(self.relay.store.record_error, self.name, self.last_error, now)
+        # a timed-out batch may hold one stuck stream among healthy ones: back off per lane
+        # (the settlements), without pausing the whole destination
+        if not sent.timed_out and len(failures) == len(results) and all(isinstance(r, RetryLater) for r in failures):
+            retries = [s.due_at for s in settlements if s.kind == "retry"]
+            self.blocked_until = max(self.blocked_until, min(retries) if retries else now)
+
+    async def _disable(self, reason: str, now: float) -> None:
+        """A result asked to disable the destination: log it and record it in the outbox."""
+        log.error(
+            "destination %s disabled: %s; re-enable with `outrelay enable %s`",
+            self.name,
+            reason,
+            self.name,
+            extra={"destination": self.name, "error": reason},
+        )
+        await self.relay.db(self.relay.store.set_disabled, self.name, reason, now)
+
+    def _report(self, sent: _Attempted, claim_times: tuple[float, float]) -> None:
+        """Count the batch, call ``outrelay_batch_settled`` and log each message at DEBUG."""
+        self.counts["batches"] += 1
+        self.relay.hook.outrelay_batch_settled(
+            destination=self.name,
+            messages=sent.messages,
+            results=sent.results,
+            elapsed=sent.elapsed,
+            timeline=(*claim_times, sent.sent_at, sent.sent_at + sent.elapsed, time.time()),
+        )
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        for m, r in zip(sent.messages, sent.results, strict=True):
+            log.debug(
+                "published %s",
+                type(r).__name__,
+                extra={
+                    "event_id": m.event.id,
+                    "stream": m.event.stream,
+                    "tenant": m.event.tenant,
+                    "event_type": m.event.type,
+                    "producer": m.event.source,
+                    "destination": self.name,
+                },
+            )
 
     async def _transform(
         self, messages: list[Message], progress: Progress

@@ -36,7 +36,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -46,6 +46,7 @@ from outrelay.core.budget import ByteBudget
 from outrelay.core.config import DestinationConfig, OutrelayConfig
 from outrelay.core.destination import DestinationWorker
 from outrelay.core.errors import ConfigError, StoreError, UsageError
+from outrelay.core.handoff import RoutingHandoff
 from outrelay.core.outbox import Outbox
 from outrelay.core.registry import Registry
 from outrelay.core.routing import Router
@@ -60,6 +61,16 @@ T = TypeVar("T")
 
 #: seconds each shutdown step after the grace period may take before it is abandoned
 STOP_STEP = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Loops:
+    """The tasks of a run: the main loops (any of them failing ends the run), the lease
+    renewer and the attempt log's pruner."""
+
+    main: list[asyncio.Task[None]]
+    renewer: asyncio.Task[None]
+    pruner: asyncio.Task[None] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,13 +168,12 @@ class Relay:
         #: set by run(): the store's route-then-claim in one transaction (PostgreSQL without the audit
         #: chain), which destinations use to route new appends; None: the router routes them
         self.route_and_claim: Callable[..., tuple[int, list[Claimed]]] | None = None
-        self._unrouted = False  # appends committed since the last routing began (route_and_claim only)
-        self._routing = 0  # routings in progress in this relay (route_and_claim only; at most one)
-        self._handoff: asyncio.TimerHandle | None = None
         self._fast_poll_until = 0.0
         self._route_busy = False
         self._executor = ThreadPoolExecutor(max_workers=self.store.max_workers, thread_name_prefix="outrelay-store")
         self.workers: dict[str, DestinationWorker] = {}
+        #: who routes new appends when the store routes and claims in one transaction
+        self.handoff = RoutingHandoff(self.workers_values, self._wake_router)
         self._loop: asyncio.AbstractEventLoop | None = None
         cfg = self.config.relay
         self.budget = ByteBudget(cfg.max_in_flight_bytes, cfg.max_batch_bytes)
@@ -200,60 +210,19 @@ class Relay:
 
     def _appended(self) -> None:
         """In the loop: committed appends are waiting. Where the store routes and claims in one
-        transaction, the next destination to claim routes them in its claim (one hop less between
-        commit and send): an idle one is woken for it. Should none claim within ``_HANDOFF``
-        seconds (every destination paused, or stuck on a slow send), the router routes them."""
+        transaction, the next destination to claim routes them (see :class:`RoutingHandoff`)."""
         if self.route_and_claim is None:
-            if self._route_wake is not None:
-                self._route_wake.set()
-            return
-        self._unrouted = True
-        self._wake_idle()
-        if self._handoff is None and self._loop is not None:
-            self._handoff = self._loop.call_later(_HANDOFF, self._handoff_expired)
+            self._wake_router()
+        else:
+            self.handoff.appended()
 
-    def _wake_idle(self) -> None:
-        if self._routing:  # whoever routes now takes the new appends next (see take_routing)
-            return
-        for w in self.workers.values():
-            if w.idle:
-                w.wake.set()
-                return
-
-    def _handoff_expired(self) -> None:
-        self._handoff = None
-        if self._unrouted and self._route_wake is not None:
+    def _wake_router(self) -> None:
+        if self._route_wake is not None:
             self._route_wake.set()
 
-    def take_routing(self, *, router: bool = False) -> bool:
-        """For a destination about to claim: True when it should route first (appends are waiting);
-        for the router (``router``): True unless a routing is under way, whether appends wait or not
-        (its poll, a full batch's remainder, a pending commit). The caller then calls
-        :meth:`routing_done` once its routing returned or failed.
-
-        At most one routing runs in this relay at a time: PostgreSQL serialises routing with a lock
-        that the others would fail to take and then skip, while the one holding it may already have
-        passed the newest appends; so they wait for it and it routes them next."""
-        if self._routing or not (router or self._unrouted):
-            return False
-        self._unrouted = False
-        self._routing += 1
-        if self._handoff is not None:  # this routing takes the waiting appends: no wake-up for them later
-            self._handoff.cancel()
-            self._handoff = None
-        return True
-
-    def routing_done(self) -> None:
-        """The routing :meth:`take_routing` (or the router) began has ended; appends that came
-        in meanwhile go to the next claim (an idle destination is woken for it)."""
-        self._routing -= 1
-        if self._unrouted:
-            self._wake_idle()
-
-    @property
-    def routing_waits(self) -> bool:
-        """Committed appends wait for a claim that routes them (a destination should not go to sleep)."""
-        return self._unrouted and not self._routing
+    def workers_values(self) -> Iterable[DestinationWorker]:
+        """The destinations' workers (for the hand-off's wake-ups)."""
+        return self.workers.values()
 
     def routed(self, count: int, started: float) -> None:
         """``count`` events were routed (by the router or by a destination's claim): report them and
@@ -291,6 +260,43 @@ class Relay:
         self._loop = asyncio.get_running_loop()
         self._route_wake = asyncio.Event()
         self.budget = ByteBudget(self.config.relay.max_in_flight_bytes, self.config.relay.max_batch_bytes)
+        await self._register()
+        gc_before = gc.get_threshold()
+        if self.config.relay.gc_threshold is not None:
+            gc.set_threshold(self.config.relay.gc_threshold, *gc_before[1:])
+        combined = getattr(self.store, "route_and_claim", None)
+        audited = self.audit is not None or getattr(self.store, "audit", None) is not None
+        self.route_and_claim = combined if callable(combined) and not audited else None
+        unsubscribe = self.outbox.add_listener(self.wake)
+        unlisten = self.store.listen(self._on_store_notice)  # other processes' appends (PostgreSQL NOTIFY)
+        self.workers = {
+            name: DestinationWorker(
+                self, name, t, self.config.destinations.get(name) or DestinationConfig(transport=t.name)
+            )
+            for name, t in self.transports.items()
+        }
+        loops = self._start_loops(drain)
+        self.hook.outrelay_relay_started(relay=self)
+        status: list[DestinationStatus] = []
+        try:
+            done, _ = await asyncio.wait(loops.main, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                if t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        finally:
+            try:
+                await self._stop_loops(loops)
+                unsubscribe()
+                unlisten()
+                status = await self._unregister()
+            finally:
+                gc.set_threshold(*gc_before)
+                self._running = False
+        counts = {n: dict(w.counts) for n, w in self.workers.items()}
+        return RunSummary(counts, status, time.monotonic() - started, self.unrouted_report.by_reason())
+
+    async def _register(self) -> None:
+        """Take the outbox for this relay (and record the run's start in the audit chain)."""
         try:
             await self.db(self.store.acquire_relay, self.owner)
         except BaseException:
@@ -303,21 +309,10 @@ class Relay:
                 await self._release()
                 self._running = False
                 raise
-        gc_before = gc.get_threshold()
-        if self.config.relay.gc_threshold is not None:
-            gc.set_threshold(self.config.relay.gc_threshold, *gc_before[1:])
-        combined = getattr(self.store, "route_and_claim", None)
-        audited = self.audit is not None or getattr(self.store, "audit", None) is not None
-        self.route_and_claim = combined if callable(combined) and not audited else None
-        self._unrouted, self._routing, self._handoff = False, 0, None
-        unsubscribe = self.outbox.add_listener(self.wake)
-        unlisten = self.store.listen(self._on_store_notice)  # other processes' appends (PostgreSQL NOTIFY)
-        self.workers = {
-            name: DestinationWorker(
-                self, name, t, self.config.destinations.get(name) or DestinationConfig(transport=t.name)
-            )
-            for name, t in self.transports.items()
-        }
+
+    def _start_loops(self, drain: bool) -> _Loops:
+        """Start the router, one loop per destination, retention and (``drain``) the drain monitor
+        (the main loops), and the lease renewer and the attempt log's pruner beside them."""
         tasks = [asyncio.create_task(self._route_loop(), name="outrelay-router")]
         tasks += [asyncio.create_task(w.run(), name=f"outrelay-{n}") for n, w in self.workers.items()]
         if self.config.outbox.retention_days is not None or self.config.outbox.retention_per_stream is not None:
@@ -328,42 +323,41 @@ class Relay:
         pruner = None  # the attempt log's retention: not awaited at stop (it sleeps a minute between rounds)
         if self.attempt_log is not None and self.config.attempts.keep_days is not None:
             pruner = asyncio.create_task(self._attempts_retention_loop(), name="outrelay-attempts")
-        self.hook.outrelay_relay_started(relay=self)
+        return _Loops(tasks, renewer, pruner)
+
+    async def _stop_loops(self, loops: _Loops) -> None:
+        """Stop claiming, give the batches in flight ``shutdown_grace``, then stop the renewer and
+        the pruner and close the transports (each later step bounded by ``STOP_STEP``)."""
+        self.stop()
+        self.handoff.close()
+        for t in loops.main:
+            if not t.done():
+                t.cancel()
+        await _bounded(asyncio.gather(*loops.main, return_exceptions=True), "stopping the relay's loops")
+        grace = self.config.relay.shutdown_grace
+        await asyncio.gather(*(w.drain_inflight(grace, STOP_STEP) for w in self.workers.values()))
+        loops.renewer.cancel()  # after the grace: batches finishing in it keep their leases
+        if loops.pruner is not None:
+            loops.pruner.cancel()
+            await asyncio.gather(loops.pruner, return_exceptions=True)
+        await asyncio.gather(*(self._close_transport(w) for w in self.workers.values()))
+
+    async def _unregister(self) -> list[DestinationStatus]:
+        """Record the unrouted counts, release the leases and read the final status (each bounded;
+        a store call stuck in a thread is abandoned), then close the executor (and the outbox
+        this relay opened). Returns the status, empty when the release did not finish."""
         status: list[DestinationStatus] = []
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for t in done:
-                if t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
-        finally:
-            self.stop()
-            for t in tasks:
-                if not t.done():
-                    t.cancel()
-            await _bounded(asyncio.gather(*tasks, return_exceptions=True), "stopping the relay's loops")
-            grace = self.config.relay.shutdown_grace
-            await asyncio.gather(*(w.drain_inflight(grace, STOP_STEP) for w in self.workers.values()))
-            renewer.cancel()  # after the grace: batches finishing in it keep their leases
-            if pruner is not None:
-                pruner.cancel()
-                await asyncio.gather(pruner, return_exceptions=True)
-            await asyncio.gather(*(self._close_transport(w) for w in self.workers.values()))
-            unsubscribe()
-            unlisten()
-            await _bounded(self.unrouted_report.close(), "recording unrouted events")
-            clean = await _bounded(self._release(), "releasing leases")
-            if clean:
-                with contextlib.suppress(StoreError):  # the summary then lacks pending counts; nothing else
-                    status = await self.db(self.store.status, list(self.workers), time.time())
-            self.hook.outrelay_relay_stopped(relay=self)
-            # a store call stuck in a thread is abandoned: its thread must not hold up the exit
-            self._executor.shutdown(wait=clean, cancel_futures=True)
-            if self._owns_outbox and clean:
-                self.outbox.close()
-            gc.set_threshold(*gc_before)
-            self._running = False
-        counts = {n: dict(w.counts) for n, w in self.workers.items()}
-        return RunSummary(counts, status, time.monotonic() - started, self.unrouted_report.by_reason())
+        await _bounded(self.unrouted_report.close(), "recording unrouted events")
+        clean = await _bounded(self._release(), "releasing leases")
+        if clean:
+            with contextlib.suppress(StoreError):  # the summary then lacks pending counts; nothing else
+                status = await self.db(self.store.status, list(self.workers), time.time())
+        self.hook.outrelay_relay_stopped(relay=self)
+        # a store call stuck in a thread is abandoned: its thread must not hold up the exit
+        self._executor.shutdown(wait=clean, cancel_futures=True)
+        if self._owns_outbox and clean:
+            self.outbox.close()
+        return status
 
     async def _close_transport(self, w: DestinationWorker) -> None:
         try:
@@ -396,7 +390,7 @@ class Relay:
             self._route_busy = True
             combined = self.route_and_claim is not None
             # while a destination routes (route_and_claim), it takes the new appends next: skip this round
-            routing = self.take_routing(router=True) if combined else True
+            routing = self.handoff.take(router=True) if combined else True
             try:
                 started = time.time()
                 n = await self.db(self.store.route, route, cfg.route_batch, started) if routing else 0
@@ -411,7 +405,7 @@ class Relay:
             finally:
                 self._route_busy = False
                 if combined and routing:
-                    self.routing_done()
+                    self.handoff.done()
             self.routed(n, started)
             if n == cfg.route_batch:
                 continue
@@ -519,10 +513,6 @@ class Relay:
             if quiet >= 2:
                 self.stop()
                 return
-
-
-#: seconds appends wait for a destination's claim to route them before the router does (route_and_claim)
-_HANDOFF = 0.02
 
 
 async def _bounded(aw: Any, what: str) -> bool:
