@@ -17,7 +17,7 @@ what comes off the wire (the constructor's validation, same errors) and
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
@@ -291,15 +291,7 @@ def _checked(fields: Mapping[str, Any], data: Any) -> Event:
     source = get("source", "outrelay")
     if type(source) is not str or source not in good:
         check_source(source)
-    time = get("time")
-    if type(time) is str:
-        time = _parse_time(time)
-    elif time is None and "time" not in fields:
-        time = datetime.now(UTC)
-    if type(time) is not datetime or time.tzinfo is not UTC:  # fromisoformat gives UTC itself for "Z"
-        time = check_time(time)
-        if time.tzinfo is not UTC:
-            time = time.astimezone(UTC)
+    time = _checked_time(fields)
     version = get("event_version", "1")
     if isinstance(version, int):
         version = str(version)
@@ -307,12 +299,7 @@ def _checked(fields: Mapping[str, Any], data: Any) -> Event:
     if _OPTIONAL_SET.isdisjoint(fields):
         d.tenant = d.correlation_id = d.causation_id = d.schema_version = d.producer_version = d.subject = None
     else:
-        for name in _OPTIONAL:
-            value = get(name)
-            # a printable non-empty string passes check_optional: only anything else is checked (and maybe refused)
-            if value is not None and not (type(value) is str and value and value.isprintable()):
-                check_optional(name, value)
-            setattr(d, name, value)
+        _checked_optional(d, get)
     ctype = get("content_type")
     try:
         known = stream in good and source in good and version in good and (ctype is None or ctype in good)
@@ -339,6 +326,30 @@ def _checked(fields: Mapping[str, Any], data: Any) -> Event:
     d.data = data
     d.sequence = get("sequence")
     return _seal(d)
+
+
+def _checked_time(fields: Mapping[str, Any]) -> datetime:
+    """The event time of ``fields`` in UTC: parsed from text, now when absent, else checked."""
+    time = fields.get("time")
+    if type(time) is str:
+        time = _parse_time(time)
+    elif time is None and "time" not in fields:
+        time = datetime.now(UTC)
+    if type(time) is not datetime or time.tzinfo is not UTC:  # fromisoformat gives UTC itself for "Z"
+        time = check_time(time)
+        if time.tzinfo is not UTC:
+            time = time.astimezone(UTC)
+    return time
+
+
+def _checked_optional(d: Any, get: Callable[[str], Any]) -> None:
+    """Set the optional text fields on the draft ``d``, checking any that is not a printable
+    non-empty string (only those may be refused by check_optional)."""
+    for name in _OPTIONAL:
+        value = get(name)
+        if value is not None and not (type(value) is str and value and value.isprintable()):
+            check_optional(name, value)
+        setattr(d, name, value)
 
 
 #: strings valid as a stream, a source, an event version and a content type alike (non-empty, at
