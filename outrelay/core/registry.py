@@ -27,6 +27,7 @@ from outrelay.core import hookspecs
 from outrelay.core.endpoints import check_options
 from outrelay.core.errors import ConfigError, MissingExtraError, UnknownTransportError
 from outrelay.core.transport import Transport
+from outrelay.core.validation import format_validation_error
 
 __all__ = [
     "DEFAULT_PLUGINS",
@@ -215,15 +216,3 @@ class Registry:
             raise ConfigError(format_validation_error(exc), where=where) from None
         check_options(options, where=where)
         return cls(config, destination=destination)
-
-
-def format_validation_error(exc: ValidationError) -> str:
-    """Pydantic's error as one line per problem, joined by '; ', no input values."""
-    parts = []
-    for err in exc.errors(include_input=False, include_url=False):
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")  # pydantic's wording for our own validators' messages
-        if err["type"] == "extra_forbidden":
-            msg = "unknown option (check the spelling)"
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts)
