@@ -89,9 +89,9 @@ from typing import Any
 
 import pytest
 
-from outrelay.conformance import ConformanceTarget
 from outrelay.conformance._harness import EVENT_TYPE, SOURCE
 from outrelay.conformance._runner_hooks import RunnerHooks, endpoint_fields, hook_fields, load_hooks
+from outrelay.conformance._target import ConformanceTarget
 from outrelay.core.config import load_config
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError
