@@ -41,12 +41,12 @@ def validate(cfg: OutrelayConfig) -> dict[str, Transport]:
     :raises ConfigError: no destination; an unknown transport, a missing extra, an invalid
         option or address — every destination's problems in one line; an unreadable key.
     """
-    from outrelay.core.registry import Registry
+    from outrelay.core.registry import get_registry
     from outrelay.core.relay import build_transports
 
     if not cfg.destinations:
         raise ConfigError("no destinations configured; add a [destinations.NAME] table")
-    transports = build_transports(cfg, Registry())
+    transports = build_transports(cfg, get_registry())
     if cfg.crypto is not None:
         from outrelay.plugins.crypto import PayloadCrypto
 

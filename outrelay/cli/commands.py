@@ -28,7 +28,7 @@ from outrelay.cli._validate import outbox_problem, permanent, validate
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError, StoreError, StoreLockedError
 from outrelay.core.outbox import Outbox
-from outrelay.core.registry import Registry
+from outrelay.core.registry import get_registry
 from outrelay.core.relay import Relay
 from outrelay.core.transport import Capabilities, Transport
 from outrelay.plugins.health import DEFAULT_STALL_AFTER
@@ -161,7 +161,7 @@ async def _open_relay(cfg: Any, config: Path | None, drain: bool, stopped: async
     while True:
         try:
             with config_context(config):
-                return await asyncio.to_thread(Relay, config=cfg)
+                return await asyncio.to_thread(Relay, config=cfg, registry=get_registry().copy())
         except StoreLockedError:
             raise
         except StoreError as exc:
@@ -228,7 +228,7 @@ def emit(
 
 def transports(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List installed transports with version, origin distribution and capabilities."""
-    registry = Registry()
+    registry = get_registry()
     docs = []
     for name, spec in sorted(registry.transports.items()):
         doc: dict[str, Any] = {"name": name, "origin": spec.origin}

@@ -28,6 +28,7 @@ from outrelay.core.config import parse_config
 from outrelay.core.envelope import Event
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.outbox import Outbox
+from outrelay.core.registry import get_registry
 from outrelay.core.relay import Relay
 
 __all__ = ["demo"]
@@ -132,7 +133,7 @@ async def _demo(base: Path, n_events: int, n_streams: int) -> bool:
             )
         outbox.append(batch)
         console.print(f"  appended  {n_events} events over {n_streams} streams in {time.perf_counter() - t0:.2f}s")
-        relay = Relay(outbox, cfg)
+        relay = Relay(outbox, cfg, registry=get_registry().copy())  # the progress plugin goes on the copy
         with Progress(
             TextColumn("  relaying "), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
         ) as progress:

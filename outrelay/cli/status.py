@@ -90,9 +90,9 @@ def _collect(cfg: OutrelayConfig, now: float) -> dict[str, Any]:
 def _config_errors(cfg: OutrelayConfig) -> dict[str, str]:
     """Each destination whose transport cannot be built from the config (as `run` would refuse it):
     an unknown transport, a missing extra, an invalid option — by destination name."""
-    from outrelay.core.registry import Registry
+    from outrelay.core.registry import get_registry
 
-    registry = Registry()
+    registry = get_registry()
     out: dict[str, str] = {}
     for name, dest in cfg.destinations.items():
         try:

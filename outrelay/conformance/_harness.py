@@ -34,7 +34,7 @@ from outrelay.core.errors import OutrelayError
 from outrelay.core.transport import Capabilities, Message, Reader, Received, SendResult, Transport
 
 if TYPE_CHECKING:
-    from outrelay.conformance import ConformanceTarget
+    from outrelay.conformance._target import ConformanceTarget
 
 __all__ = [
     "CHECKS",
@@ -405,7 +405,7 @@ def run_check(target: Any, name: str, tmp_path: Path, node: Any = None) -> None:
     """Run check ``name`` against ``target`` and report it to pytest."""
     import pytest
 
-    from outrelay.conformance import ConformanceTarget
+    from outrelay.conformance._target import ConformanceTarget
 
     if not isinstance(target, ConformanceTarget):
         pytest.fail(f"fixture conformance_target returned {type(target).__name__}, not a ConformanceTarget")

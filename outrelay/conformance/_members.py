@@ -25,20 +25,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import orjson
 
 import outrelay
-from outrelay.conformance._harness import CheckFailed, guarded, short
+from outrelay.conformance._harness import CheckFailed, Context, guarded, short
 from outrelay.core.envelope import Event
 from outrelay.core.errors import RetryableError
 from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
 
-if TYPE_CHECKING:
-    from outrelay.conformance._subscribe import Subscribing
-
-__all__ = ["Handling", "Member", "ProcessMember", "TaskMember"]
+__all__ = ["Handling", "Member", "MemberHost", "ProcessMember", "TaskMember"]
 
 RECEIVE = 16  # messages asked per receive()
 POLL = 0.2  # receive()'s timeout
@@ -61,10 +58,21 @@ class Handling:
     settled: bool = False  # the ack returned (task members only)
 
 
+class MemberHost(Protocol):
+    """What a member needs of its check (:class:`outrelay.conformance._subscribe.Subscribing`, which
+    builds the members): the check's context, the target ``make_transport`` is given, and the bounds
+    on a member's start and stop."""
+
+    ctx: Context
+    make_target: str
+    start_bound: float
+    stop_bound: float
+
+
 class TaskMember:
     """A member driven by a task of this event loop (see the module docstring)."""
 
-    def __init__(self, sub: Subscribing, spec: SubscriptionSpec, *, hold: float, ack: bool) -> None:
+    def __init__(self, sub: MemberHost, spec: SubscriptionSpec, *, hold: float, ack: bool) -> None:
         self.sub = sub
         self.spec = spec
         self.name = spec.member
@@ -158,7 +166,7 @@ class TaskMember:
 class ProcessMember:
     """A member in a child process (see the module docstring and :mod:`outrelay.conformance._member`)."""
 
-    def __init__(self, sub: Subscribing, spec: SubscriptionSpec, *, hold: float, ack: bool) -> None:
+    def __init__(self, sub: MemberHost, spec: SubscriptionSpec, *, hold: float, ack: bool) -> None:
         self.sub = sub
         self.spec = spec
         self.name = spec.member

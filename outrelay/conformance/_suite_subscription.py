@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from outrelay.conformance import ConformanceTarget, _checks_subscription
+import outrelay.conformance._checks_subscription as _checks_subscription
 from outrelay.conformance._harness import run_check
+from outrelay.conformance._target import ConformanceTarget
 
 __all__ = ["SubscriptionChecks"]
 

@@ -2,7 +2,7 @@
 
 ``outrelay conformance --config FILE --destination NAME`` calls
 :func:`run_conformance`, which builds the destination's transport the way
-the relay does (``Registry().create_transport``) and runs the suite on it
+the relay does (``Registry.create_transport``) and runs the suite on it
 through ``pytest.main`` with a generated test module.
 
 Per-check targets. The suite wants a fresh target (topic, subject, queue,
@@ -89,13 +89,13 @@ from typing import Any
 
 import pytest
 
-from outrelay.conformance import ConformanceTarget
 from outrelay.conformance._harness import EVENT_TYPE, SOURCE
 from outrelay.conformance._runner_hooks import RunnerHooks, endpoint_fields, hook_fields, load_hooks
+from outrelay.conformance._target import ConformanceTarget
 from outrelay.core.config import load_config
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError
-from outrelay.core.registry import Registry
+from outrelay.core.registry import Registry, get_registry
 from outrelay.core.transport import Delivered, Message, Transport
 
 __all__ = ["TARGET_OPTIONS", "build_target", "load_plugin", "run_conformance", "target_option"]
@@ -419,7 +419,7 @@ def _destination(
     options: Mapping[str, Any] | None,
 ) -> tuple[str, str, dict[str, Any], Registry]:
     """(transport kind, destination name, options, registry) of the destination to certify."""
-    registry = Registry()
+    registry = get_registry().copy()  # --plugin adds and replaces transports: not in the process's registry
     loaded = [name for spec in plugins for name in load_plugin(spec, registry)]
     if config_path is not None:
         config = load_config(config_path)

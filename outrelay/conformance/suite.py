@@ -24,20 +24,18 @@ from pathlib import Path
 
 import pytest
 
-from outrelay.conformance import (
-    ConformanceTarget,
-    _checks_binding,
-    _checks_faults,
-    _checks_fidelity,
-    _checks_flow,
-    _checks_inproc,
-    _checks_lifecycle,
-    _checks_netfaults,
-    _checks_robustness,
-    _checks_security,
-)
+import outrelay.conformance._checks_binding as _checks_binding
+import outrelay.conformance._checks_faults as _checks_faults
+import outrelay.conformance._checks_fidelity as _checks_fidelity
+import outrelay.conformance._checks_flow as _checks_flow
+import outrelay.conformance._checks_inproc as _checks_inproc
+import outrelay.conformance._checks_lifecycle as _checks_lifecycle
+import outrelay.conformance._checks_netfaults as _checks_netfaults
+import outrelay.conformance._checks_robustness as _checks_robustness
+import outrelay.conformance._checks_security as _checks_security
 from outrelay.conformance._harness import run_check
 from outrelay.conformance._suite_subscription import SubscriptionChecks
+from outrelay.conformance._target import ConformanceTarget
 
 __all__ = ["ConformanceSuite"]
 

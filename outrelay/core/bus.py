@@ -104,10 +104,9 @@ class EventBus:
         """The in-process bus on the memory broker ``broker`` (a memory destination with
         ``broker = "bus"`` publishes to it): same semantics as the broker backends."""
         # looked up by name: core never imports a transport (the registry knows the built-ins)
-        from outrelay.core.registry import Registry
+        from outrelay.core.registry import get_registry
 
-        registry = Registry(autoload=False)
-        transport = registry.create_transport("memory", {"broker": broker}, destination=f"memory:{broker}")
+        transport = get_registry().create_transport("memory", {"broker": broker}, destination=f"memory:{broker}")
         return cls(transport, **kwargs)
 
     @classmethod
@@ -147,9 +146,9 @@ class EventBus:
             src = "--destination" if destination else f"${BUS_ENV}" if os.environ.get(BUS_ENV) else "[bus] destination"
             raise ConfigError(f"{src} names destination {name!r}, which is not defined (defined: {known}, or memory)")
         if registry is None:
-            from outrelay.core.registry import Registry
+            from outrelay.core.registry import get_registry
 
-            registry = Registry()
+            registry = get_registry()
         registry.pm.hook.outrelay_bus_configured(config=cfg)
         if dest is None:
             return cls.memory(**kwargs)

@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from outrelay.core.endpoints import endpoint_problem
 from outrelay.core.errors import ConfigError
+from outrelay.core.validation import format_validation_error
 
 __all__ = [
     "AttemptsConfig",
@@ -568,8 +569,6 @@ def load_config(path: str | os.PathLike[str] | None = None) -> OutrelayConfig:
 
 def parse_config(raw: Mapping[str, Any], *, where: str = "<config>") -> OutrelayConfig:
     """Validate an already-parsed mapping (see :func:`load_config`)."""
-    from outrelay.core.registry import format_validation_error
-
     try:
         data = interpolate(raw)
     except ConfigError as exc:

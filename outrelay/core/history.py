@@ -20,15 +20,12 @@ delivered history is not affected.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
-import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import datetime
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from outrelay.core.envelope import Event
-from outrelay.core.stores.base import HistoryFilter
+from outrelay.core.history_filter import HistoryFilter, glob_to_like, matches
 
 if TYPE_CHECKING:
     from outrelay.core.stores.base import Store
@@ -62,40 +59,6 @@ def timestamp(value: float | datetime | None) -> float | None:
 
         raise UsageError(f"time bound {value.isoformat()} has no timezone; give an aware datetime (e.g. UTC)")
     return value.timestamp()
-
-
-@lru_cache(maxsize=256)
-def _glob_re(pattern: str) -> re.Pattern[str]:
-    return re.compile(fnmatch.translate(pattern))
-
-
-def matches(where: HistoryFilter, event: Event) -> bool:
-    """Whether ``event`` passes ``where`` (the same test the stores run in SQL)."""
-    if where.stream is not None and event.stream != where.stream:
-        return False
-    if where.tenant is not None and event.tenant != where.tenant:
-        return False
-    if where.types and not any(_glob_re(t).match(event.type) for t in where.types):
-        return False
-    ts = event.time.timestamp()
-    if where.since is not None and ts < where.since:
-        return False
-    return where.until is None or ts < where.until
-
-
-def glob_to_like(pattern: str) -> str:
-    """A shell glob (``*``, ``?``) as a SQL LIKE pattern with ``\\`` as escape."""
-    out = []
-    for ch in pattern:
-        if ch in "\\%_":
-            out.append("\\" + ch)
-        elif ch == "*":
-            out.append("%")
-        elif ch == "?":
-            out.append("_")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def _pages(store: Store, where: HistoryFilter, after: int, limit: int | None, page: int) -> Iterator[list[Event]]:

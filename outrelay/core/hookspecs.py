@@ -14,21 +14,66 @@ arguments; an implementation may accept any subset of them.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
 if TYPE_CHECKING:
     from outrelay.core.config import OutrelayConfig
     from outrelay.core.envelope import Event
-    from outrelay.core.registry import Registry
     from outrelay.core.transport import Message, SendResult, Transport
-    from outrelay.core.upcasting import Upcasters
 
-__all__ = ["hookimpl", "hookspec"]
+__all__ = ["StoreRegistrar", "TransportRegistrar", "UpcasterRegistrar", "hookimpl", "hookspec"]
 
 hookspec = pluggy.HookspecMarker("outrelay")
 hookimpl = pluggy.HookimplMarker("outrelay")
+
+
+# -------------------------------------------------------------------------
+# what the discovery hooks receive
+# -------------------------------------------------------------------------
+# The registry imports this module to add the hookspecs, and the upcasters load
+# their plugins through the registry: the hooks name both by these protocols,
+# never by their classes, so that this module imports neither.
+
+
+class TransportRegistrar(Protocol):
+    """The ``registry`` of :func:`outrelay_add_transports`: an
+    :class:`outrelay.core.registry.Registry`."""
+
+    def add_transport(
+        self,
+        name: str,
+        target: type[Transport] | str,
+        *,
+        requires: tuple[str, ...] = (),
+        extra: str | None = None,
+    ) -> None:
+        """Register a transport class (or ``"module:Class"`` path) under ``name``.
+
+        :raises ConfigError: another distribution registered ``name`` already.
+        """
+
+
+class StoreRegistrar(Protocol):
+    """The ``registry`` of :func:`outrelay_add_stores`: an
+    :class:`outrelay.core.registry.Registry`."""
+
+    def add_store(self, scheme: str, target: str) -> None:
+        """Register an outbox store (``"module:Class"``) for a URL scheme."""
+
+
+class UpcasterRegistrar(Protocol):
+    """The ``registry`` of :func:`outrelay_add_upcasters`: an
+    :class:`outrelay.core.upcasting.Upcasters`."""
+
+    def register(
+        self, type: str, from_version: str | int, fn: Callable[[Any], Any], *, to_version: str | int | None = None
+    ) -> None:
+        """Add the step ``type`` ``from_version`` -> ``to_version`` (default: the next whole number).
+
+        :raises EventError: the step is registered already, or goes from a version to itself.
+        """
 
 
 # -------------------------------------------------------------------------
@@ -37,7 +82,7 @@ hookimpl = pluggy.HookimplMarker("outrelay")
 
 
 @hookspec
-def outrelay_add_transports(registry: Registry) -> None:
+def outrelay_add_transports(registry: TransportRegistrar) -> None:
     """Register transports with ``registry.add_transport(name, cls_or_path, ...)``.
 
     Register by import path (``"pkg.mod:Class"``) with ``requires=`` naming
@@ -47,7 +92,7 @@ def outrelay_add_transports(registry: Registry) -> None:
 
 
 @hookspec
-def outrelay_add_stores(registry: Registry) -> None:
+def outrelay_add_stores(registry: StoreRegistrar) -> None:
     """Register outbox stores by URL scheme with ``registry.add_store(scheme, ...)``."""
 
 
@@ -110,7 +155,7 @@ def outrelay_breaker_changed(destination: str, state: str, reason: str) -> None:
 
 
 @hookspec
-def outrelay_add_upcasters(registry: Upcasters) -> None:
+def outrelay_add_upcasters(registry: UpcasterRegistrar) -> None:
     """Register upcasters with ``registry.register(type, from_version, fn)``.
 
     Called once per process, when the first event is read through

@@ -47,9 +47,9 @@ def open_store(url: str, **options: Any) -> Store:
         from outrelay.core.stores.sqlite import SQLiteStore
 
         return SQLiteStore(url, **options)
-    from outrelay.core.registry import Registry
+    from outrelay.core.registry import get_registry
 
-    target = Registry().stores.get(scheme)
+    target = get_registry().stores.get(scheme)
     if target is None:
         raise ConfigError(
             f"outbox url {url.split('@')[-1]!r}: unknown scheme {scheme!r}; use sqlite:///FILE or postgresql://..."

@@ -9,6 +9,22 @@ that builds a registry — the CLI included — without packaging them with an
 entry point (it is read even with autoloading disabled). After loading,
 ``check_pending()`` turns a misspelt hook in a plugin into an error instead
 of silence.
+
+One registry per process: :func:`get_registry` builds it on first use (it
+imports every plugin, so it reads the environment variables above then) and
+hands the same one to every caller after; the CLI, the store opener, the
+subscriber runtime and the upcasters all take it from there. A caller that
+adds plugins or transports of its own (a relay's metrics and health plugins,
+``outrelay conformance --plugin``) works on :meth:`Registry.copy`, so what it
+adds stays out of the process's registry.
+
+Tests build their own ``Registry(...)`` (``autoload=False``: the built-ins and
+``OUTRELAY_PLUGINS`` only) and pass it down where an API takes one
+(``Relay(registry=...)``, ``EventBus.from_config(registry=...)``,
+``Upcasters().load_plugins(registry)``); for code that takes none,
+``set_registry(reg)`` makes ``reg`` the process's registry and returns the one
+it replaces, and ``set_registry(None)`` has the next :func:`get_registry` load
+the plugins again (say, after changing ``OUTRELAY_PLUGINS``).
 """
 
 from __future__ import annotations
@@ -17,6 +33,7 @@ import dataclasses
 import importlib
 import importlib.metadata as md
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +44,7 @@ from outrelay.core import hookspecs
 from outrelay.core.endpoints import check_options
 from outrelay.core.errors import ConfigError, MissingExtraError, UnknownTransportError
 from outrelay.core.transport import Transport
+from outrelay.core.validation import format_validation_error
 
 __all__ = [
     "DEFAULT_PLUGINS",
@@ -35,6 +53,8 @@ __all__ = [
     "Registry",
     "TransportSpec",
     "format_validation_error",
+    "get_registry",
+    "set_registry",
 ]
 
 ENTRY_POINT_GROUP = "outrelay"
@@ -125,6 +145,21 @@ class Registry:
             impl.function(registry=self)
         self._origin = "outrelay"
         self.pm.hook.outrelay_add_stores(registry=self)
+
+    def copy(self) -> Registry:
+        """A registry with this one's plugins, transports and stores, loading nothing again: its own
+        plugin manager and tables, so plugins registered on ``copy().pm`` and transports added to the
+        copy do not reach this registry (nor this one's later additions the copy)."""
+        new = object.__new__(Registry)
+        new.pm = pluggy.PluginManager("outrelay")
+        new.pm.add_hookspecs(hookspecs)
+        for name, plugin in self.pm.list_name_plugin():
+            new.pm.register(plugin, name=name)
+        new.transports = dict(self.transports)
+        new.stores = dict(self.stores)
+        new._origin = "outrelay"
+        new._dists = dict(self._dists)
+        return new
 
     def _load_entry_points(self) -> None:
         for ep in md.entry_points(group=ENTRY_POINT_GROUP):
@@ -217,13 +252,31 @@ class Registry:
         return cls(config, destination=destination)
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """Pydantic's error as one line per problem, joined by '; ', no input values."""
-    parts = []
-    for err in exc.errors(include_input=False, include_url=False):
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")  # pydantic's wording for our own validators' messages
-        if err["type"] == "extra_forbidden":
-            msg = "unknown option (check the spelling)"
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts)
+_default: Registry | None = None
+_default_lock = threading.RLock()  # a plugin that asks for the registry while it is built gets no deadlock
+
+
+def get_registry() -> Registry:
+    """The process's plugin registry, built (``Registry()``: every installed plugin loaded, then
+    ``check_pending()``) by the first call and the same object for every call after.
+
+    :raises ConfigError: on the call that builds it, a plugin that fails to import, a module
+        ``OUTRELAY_PLUGINS`` names that cannot be imported, or a transport name two distributions
+        register; the next call tries again.
+    """
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Registry()
+    return _default
+
+
+def set_registry(registry: Registry | None) -> Registry | None:
+    """Make ``registry`` what :func:`get_registry` returns from now on (``None``: the next call
+    builds a new one); returns the registry it replaces (``None`` if none was built yet), so a
+    test can put it back."""
+    global _default
+    with _default_lock:
+        previous, _default = _default, registry
+    return previous

@@ -527,15 +527,9 @@ class Subscription:
         self._wake(stream)
 
 
-_hooks: Any = None
-
-
 def _receive_transforms(consumer: str) -> list[Callable[[Event], Any]]:
     """What plugins apply to received events (``outrelay_receive_transform``), through
-    one plugin registry per process (built on first use: it loads the plugins)."""
-    global _hooks
-    if _hooks is None:
-        from outrelay.core.registry import Registry
+    the process's plugin registry (:func:`~outrelay.core.registry.get_registry`)."""
+    from outrelay.core.registry import get_registry
 
-        _hooks = Registry().pm.hook
-    return list(_hooks.outrelay_receive_transform(consumer=consumer))
+    return list(get_registry().pm.hook.outrelay_receive_transform(consumer=consumer))

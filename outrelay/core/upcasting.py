@@ -173,12 +173,15 @@ class Upcasters:
 
     def load_plugins(self, registry: Any = None) -> Upcasters:
         """Call every plugin's ``outrelay_add_upcasters(registry=self)`` hook
-        (``registry``: an :class:`~outrelay.core.registry.Registry`, default a
-        new one with the installed plugins). Returns self."""
-        if registry is None:
-            from outrelay.core.registry import Registry
+        (``registry``: an :class:`~outrelay.core.registry.Registry`, default the
+        process's, :func:`~outrelay.core.registry.get_registry`). Returns self.
 
-            registry = Registry()
+        :raises EventError: two plugins register the same step.
+        :raises ConfigError: building the process's registry failed (a plugin that cannot be imported)."""
+        if registry is None:
+            from outrelay.core.registry import get_registry
+
+            registry = get_registry()
         registry.pm.hook.outrelay_add_upcasters(registry=self)
         return self
 

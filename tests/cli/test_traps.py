@@ -61,7 +61,7 @@ def test_replay_refuses_events_without_an_upcaster_path(
     holding a version no upcaster leads from is one error line and a non-zero exit with nothing queued, as the
     filtered replay already was; a stream whose events upcast is replayed."""
     from outrelay import Event, Outbox
-    from outrelay.core import upcasting
+    from outrelay.core import registry, upcasting
 
     (tmp_path / "outrelay.toml").write_text(FILES)
     (tmp_path / "billing_upcasters.py").write_text(UPCASTERS)
@@ -70,6 +70,7 @@ def test_replay_refuses_events_without_an_upcaster_path(
             outbox.append(Event(type="invoice.issued", stream=stream, data={"n": 1}, event_version=version))
     assert cli_here("run", "--drain").returncode == 0
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_default", None)  # the process's plugins, loaded again as the CLI loads them
     monkeypatch.setattr(upcasting, "_default", None)  # this test's registry, loaded as the CLI loads it
     monkeypatch.setenv("OUTRELAY_PLUGINS", "billing_upcasters")
     for args in (("--stream", "inv-0"), ("--stream", "inv-0", "--type", "invoice.*")):

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from outrelay import ConfigError, MissingExtraError, Registry, UnknownTransportError
+from outrelay import ConfigError, MissingExtraError, Registry, UnknownTransportError, hookimpl
+from outrelay.core.config import parse_config
+from outrelay.core.registry import get_registry, set_registry
 from outrelay.core.upcasting import Upcasters
 
 PLUGIN = """
@@ -134,3 +137,88 @@ def test_outrelay_plugins_loads_named_modules(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv("OUTRELAY_PLUGINS", "or_test_no_such_module")
     with pytest.raises(ConfigError, match="OUTRELAY_PLUGINS names 'or_test_no_such_module', which failed to import"):
         Registry(autoload=False)
+
+
+class _Recorder:
+    """A plugin that records the hooks it sees."""
+
+    def __init__(self) -> None:
+        self.configs: list[object] = []
+
+    @hookimpl
+    def outrelay_bus_configured(self, config: object) -> None:
+        self.configs.append(config)
+
+    @hookimpl
+    def outrelay_add_upcasters(self, registry: Upcasters) -> None:
+        registry.register("rec.x", "1", lambda d: d)
+
+    @hookimpl
+    def outrelay_receive_transform(self, consumer: str) -> Callable[[str], str]:
+        return str.upper
+
+
+@pytest.fixture
+def own_process_registry() -> Iterator[None]:
+    """The test starts with no process registry built and puts the previous one back after."""
+    previous = set_registry(None)
+    yield
+    set_registry(previous)
+
+
+@pytest.mark.usefixtures("own_process_registry")
+class TestProcessRegistry:
+    def test_built_once(self) -> None:
+        """get_registry builds the registry on first use and returns that same object after."""
+        first = get_registry()
+        assert "memory" in first.transports
+        assert get_registry() is first
+
+    def test_set_registry_replaces_and_resets(self) -> None:
+        """set_registry installs a registry and returns the one it replaced; None has the next call build anew."""
+        built = get_registry()
+        mine = Registry(autoload=False)
+        assert set_registry(mine) is built
+        assert get_registry() is mine
+        assert set_registry(None) is mine
+        fresh = get_registry()
+        assert fresh is not mine and fresh is not built
+
+    def test_callers_without_a_registry_use_the_process_one(self) -> None:
+        """The store opener, the bus, the upcasters and the subscriber runtime take the process's registry."""
+        from outrelay.core.bus import EventBus
+        from outrelay.core.outbox import open_store
+        from outrelay.core.subscriber import _receive_transforms
+
+        mine = Registry(autoload=False)
+        recorder = _Recorder()
+        mine.pm.register(recorder)
+        mine.add_store("orzz", "or_test_no_such_store_module:Store")
+        with pytest.raises(ConfigError, match="unknown scheme 'orzz'"):
+            open_store("orzz://x")
+        set_registry(mine)
+        with pytest.raises(ConfigError, match=r"the orzz outbox needs an extra .*or_test_no_such_store_module"):
+            open_store("orzz://x")
+        cfg = parse_config({})
+        EventBus.from_config(cfg)
+        assert recorder.configs == [cfg]
+        assert Upcasters().load_plugins().current == {"rec.x": "2"}
+        assert _receive_transforms("c") == [str.upper]
+
+    def test_copy_shares_plugins_not_additions(self) -> None:
+        """A copy has the registry's plugins and transports; what is added to either stays out of the other."""
+        base = Registry(autoload=False)
+        copy = base.copy()
+        assert {n for n, _ in copy.pm.list_name_plugin()} == {n for n, _ in base.pm.list_name_plugin()}
+        assert copy.transports == base.transports and copy.stores == base.stores
+        recorder = _Recorder()
+        copy.pm.register(recorder)
+        copy.add_transport("or-copy-only", "nowhere:X")
+        cfg = parse_config({})
+        base.pm.hook.outrelay_bus_configured(config=cfg)
+        assert recorder.configs == [] and "or-copy-only" not in base.transports
+        copy.pm.hook.outrelay_bus_configured(config=cfg)
+        assert recorder.configs == [cfg]
+        base.add_store("or-base-only", "nowhere:Y")
+        assert "or-base-only" not in copy.stores
+        assert copy.create_transport("memory", {}, destination="m").destination == "m"

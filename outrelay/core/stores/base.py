@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from outrelay.core.envelope import Event
+from outrelay.core.history_filter import HistoryFilter, matches
 
 __all__ = [
     "Attempt",
@@ -144,22 +145,6 @@ class DeadLetter:
             "failed_at": self.failed_at,
             "state": self.state,
         }
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class HistoryFilter:
-    """Which events a history read returns; every field left empty matches all.
-
-    ``types`` are shell-style globs (``order.*``, ``*.created``) matched
-    case-sensitively; ``since``/``until`` bound the event ``time`` (Unix
-    seconds, ``since <= time < until``).
-    """
-
-    stream: str | None = None
-    types: tuple[str, ...] = ()
-    tenant: str | None = None
-    since: float | None = None
-    until: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -356,8 +341,6 @@ class Store(ABC):
         the last sequence back (keyset pagination: each page costs the same
         however long the log is). Default: filters :meth:`events` pages in
         Python (a store should push the filter into its query)."""
-        from outrelay.core.history import matches
-
         out: list[Event] = []
         while len(out) < limit:
             page = self.events(stream=where.stream, after=after, limit=limit)

@@ -37,7 +37,7 @@ class HistoryMixin(PostgresParts):
         def _lock_lanes(self, cur: Cursor, keys: set[tuple[str, str]]) -> None: ...
 
     def history(self, where: HistoryFilter, *, after: int = 0, limit: int = 1000) -> list[Event]:
-        from outrelay.core.history import glob_to_like
+        from outrelay.core.history_filter import glob_to_like
 
         sql = f"SELECT seq, attrs::text, data FROM {self.n.events} WHERE seq > %s"
         args: list[Any] = [after]

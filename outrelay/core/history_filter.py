@@ -1,0 +1,69 @@
+"""Which events a history read returns, and the test that decides it.
+
+:class:`HistoryFilter` is what the stores' ``history`` methods take
+(:mod:`outrelay.core.stores.base`) and what the readers of
+:mod:`outrelay.core.history` build; :func:`matches` is the filter run in
+Python (the default ``Store.history``), :func:`glob_to_like` the same type
+globs as SQL ``LIKE`` patterns (the PostgreSQL store). Both must agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import re
+from functools import lru_cache
+
+from outrelay.core.envelope import Event
+
+__all__ = ["HistoryFilter", "glob_to_like", "matches"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HistoryFilter:
+    """Which events a history read returns; every field left empty matches all.
+
+    ``types`` are shell-style globs (``order.*``, ``*.created``) matched
+    case-sensitively; ``since``/``until`` bound the event ``time`` (Unix
+    seconds, ``since <= time < until``).
+    """
+
+    stream: str | None = None
+    types: tuple[str, ...] = ()
+    tenant: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+
+@lru_cache(maxsize=256)
+def _glob_re(pattern: str) -> re.Pattern[str]:
+    return re.compile(fnmatch.translate(pattern))
+
+
+def matches(where: HistoryFilter, event: Event) -> bool:
+    """Whether ``event`` passes ``where`` (the same test the stores run in SQL)."""
+    if where.stream is not None and event.stream != where.stream:
+        return False
+    if where.tenant is not None and event.tenant != where.tenant:
+        return False
+    if where.types and not any(_glob_re(t).match(event.type) for t in where.types):
+        return False
+    ts = event.time.timestamp()
+    if where.since is not None and ts < where.since:
+        return False
+    return where.until is None or ts < where.until
+
+
+def glob_to_like(pattern: str) -> str:
+    """A shell glob (``*``, ``?``) as a SQL LIKE pattern with ``\\`` as escape."""
+    out = []
+    for ch in pattern:
+        if ch in "\\%_":
+            out.append("\\" + ch)
+        elif ch == "*":
+            out.append("%")
+        elif ch == "?":
+            out.append("_")
+        else:
+            out.append(ch)
+    return "".join(out)
