@@ -13,10 +13,11 @@ import dataclasses
 import fnmatch
 import re
 from functools import lru_cache
+from typing import Any, Literal
 
 from outrelay.core.envelope import Event
 
-__all__ = ["HistoryFilter", "glob_to_like", "matches"]
+__all__ = ["HistoryFilter", "filter_sql", "glob_to_like", "matches"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,3 +68,27 @@ def glob_to_like(pattern: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def filter_sql(where: HistoryFilter, dialect: Literal["sqlite", "postgresql"]) -> tuple[str, list[Any]]:
+    """``where`` as SQL conditions on the events table's columns, each starting with `` AND ``,
+    and their arguments in order: ``?`` and ``GLOB`` for SQLite (its own case-sensitive
+    shell-style match), ``%s`` and ``LIKE ANY`` of :func:`glob_to_like` patterns for PostgreSQL.
+    The same test as :func:`matches`."""
+    mark = "?" if dialect == "sqlite" else "%s"
+    sql: list[str] = []
+    args: list[Any] = []
+    if where.stream is not None:
+        sql.append(f" AND stream = {mark}")
+        args.append(where.stream)
+    if where.types and dialect == "sqlite":
+        sql.append(" AND (" + " OR ".join("type GLOB ?" for _ in where.types) + ")")
+        args += where.types
+    elif where.types:
+        sql.append(" AND type LIKE ANY(%s)")
+        args.append([glob_to_like(t) for t in where.types])
+    for column, op, value in (("tenant", "=", where.tenant), ("time", ">=", where.since), ("time", "<", where.until)):
+        if value is not None:
+            sql.append(f" AND {column} {op} {mark}")
+            args.append(value)
+    return "".join(sql), args

@@ -48,7 +48,7 @@ from outrelay.core.destination import DestinationWorker
 from outrelay.core.errors import ConfigError, StoreError, UsageError
 from outrelay.core.handoff import RoutingHandoff
 from outrelay.core.outbox import Outbox
-from outrelay.core.registry import Registry
+from outrelay.core.registry import Registry, get_registry
 from outrelay.core.routing import Router
 from outrelay.core.stores.base import Claimed, DestinationStatus
 from outrelay.core.transport import Transport
@@ -141,7 +141,7 @@ class Relay:
             self.outbox = outbox
         self._owns_outbox = isinstance(outbox, str)
         self.store = self.outbox.store
-        self.registry = registry or Registry()
+        self.registry = registry or get_registry().copy()
         self.hook = self.registry.pm.hook
         built = build_transports(self.config, self.registry) if self.config.destinations else {}
         built.update(transports or {})

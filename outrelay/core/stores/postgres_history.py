@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from outrelay.core.envelope import Event
-from outrelay.core.stores.base import HistoryFilter, Snapshot
+from outrelay.core.history_filter import HistoryFilter, filter_sql
+from outrelay.core.stores.base import Snapshot
 from outrelay.core.stores.postgres_ops import PostgresParts
 
 if TYPE_CHECKING:
@@ -37,26 +38,9 @@ class HistoryMixin(PostgresParts):
         def _lock_lanes(self, cur: Cursor, keys: set[tuple[str, str]]) -> None: ...
 
     def history(self, where: HistoryFilter, *, after: int = 0, limit: int = 1000) -> list[Event]:
-        from outrelay.core.history_filter import glob_to_like
-
-        sql = f"SELECT seq, attrs::text, data FROM {self.n.events} WHERE seq > %s"
-        args: list[Any] = [after]
-        if where.stream is not None:
-            sql += " AND stream = %s"
-            args.append(where.stream)
-        if where.types:
-            sql += " AND type LIKE ANY(%s)"
-            args.append([glob_to_like(t) for t in where.types])
-        if where.tenant is not None:
-            sql += " AND tenant = %s"
-            args.append(where.tenant)
-        if where.since is not None:
-            sql += " AND time >= %s"
-            args.append(where.since)
-        if where.until is not None:
-            sql += " AND time < %s"
-            args.append(where.until)
-        rows = self._binary(sql + " ORDER BY seq LIMIT %s", (*args, limit))
+        cond, args = filter_sql(where, "postgresql")
+        sql = f"SELECT seq, attrs::text, data FROM {self.n.events} WHERE seq > %s{cond} ORDER BY seq LIMIT %s"
+        rows = self._binary(sql, (after, *args, limit))
         # the envelope comes as text and is decoded here: the same orjson the connection's jsonb loader
         # uses, without that loader's Python call per row (measured: 1 µs less client CPU per event)
         decode, loads = Event.from_attributes, orjson.loads
