@@ -48,7 +48,7 @@ from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError, PermanentError, UsageError
 from outrelay.core.segments import RejectedTarget
 from outrelay.core.subscriber import Handler, Subscription, SubscriptionStats
-from outrelay.core.subscription import SubscriptionSpec
+from outrelay.core.subscription import SubscriptionBackend, SubscriptionSpec
 from outrelay.core.transport import Delivered, Message, Transport
 
 if TYPE_CHECKING:
@@ -190,18 +190,7 @@ class EventBus:
             raise UsageError("EventBus.subscribe() after close()")
         if max_attempts < 1 or concurrency < 1 or prefetch < 1:
             raise ConfigError("max_attempts, concurrency and prefetch must be at least 1")
-        spec = SubscriptionSpec(
-            target=target,
-            group=group,
-            member=self.member,
-            claim_timeout=self.claim_timeout,
-            prefetch=prefetch,
-            from_beginning=from_beginning,
-        )
-        try:
-            backend = self.transport.subscription(spec)
-        except NotImplementedError as exc:
-            raise ConfigError(str(exc)) from None
+        backend = self._backend(target, group, prefetch, from_beginning)
         consumer = group or name or getattr(handler, "__qualname__", None) or "subscriber"
         sub = Subscription(
             backend,
@@ -221,6 +210,23 @@ class EventBus:
         await sub.start()
         self._subs.append(sub)
         return sub
+
+    def _backend(self, target: str, group: str | None, prefetch: int, from_beginning: bool) -> SubscriptionBackend:
+        """The transport's subscription backend for one subscriber of this bus.
+
+        :raises ConfigError: the transport has no subscriptions."""
+        spec = SubscriptionSpec(
+            target=target,
+            group=group,
+            member=self.member,
+            claim_timeout=self.claim_timeout,
+            prefetch=prefetch,
+            from_beginning=from_beginning,
+        )
+        try:
+            return self.transport.subscription(spec)
+        except NotImplementedError as exc:
+            raise ConfigError(str(exc)) from None
 
     async def _dead_letters(self) -> ConsumerDeadLetters:
         if self._dlq is None:

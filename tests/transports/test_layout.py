@@ -5,7 +5,7 @@ package built on ``outrelay.kit`` exactly as a third-party plugin would be.
   (lazy imports inside functions and ``TYPE_CHECKING`` imports count);
 * no import cycle inside a package (same rule: every import statement is an edge);
 * every transport is a package (``outrelay/transports/NAME/``), not a loose module;
-* no function in ``outrelay/transports`` or ``outrelay/kit`` is over 60 lines.
+* no function in ``outrelay/transports``, ``outrelay/kit`` or ``outrelay/core`` is over 60 lines.
 
 :data:`KNOWN` lists what is still being migrated; an entry that no longer fails fails the
 test, so the list can only shrink.
@@ -131,7 +131,7 @@ def module_violations() -> set[str]:
 def length_violations() -> set[str]:
     """Functions over :data:`MAX_LINES` lines (decorators and docstring included)."""
     bad: set[str] = set()
-    for path in [*_files(), *sorted((ROOT / "kit").rglob("*.py"))]:
+    for path in [*_files(), *sorted((ROOT / "kit").rglob("*.py")), *sorted((ROOT / "core").rglob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 start = min([node.lineno, *(d.lineno for d in node.decorator_list)])

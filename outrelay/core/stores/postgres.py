@@ -173,15 +173,7 @@ class PostgresStore(
         while True:
             attempt += 1
             try:
-                if script:
-                    return self._scripted(fn)
-                if relaxed:
-                    return self._relaxed(fn, first, finish)
-                if single:
-                    with self._pool.connection() as conn, conn.cursor() as cur:
-                        return fn(cur)
-                with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-                    return fn(cur)
+                return self._once(fn, relaxed, first, finish, single, script)
             except _TRANSIENT as exc:
                 if attempt >= 8:
                     raise StoreError(
@@ -193,6 +185,26 @@ class PostgresStore(
                     raise StoreError(f"PostgreSQL outbox {self.where}: {_line(exc)}") from None
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL outbox {self.where}: {_line(exc)}") from None
+
+    def _once(
+        self,
+        fn: Callable[[Cursor], T],
+        relaxed: bool,
+        first: str,
+        finish: Callable[[T], str] | None,
+        single: bool,
+        script: bool,
+    ) -> T:
+        """One try of :meth:`_run`'s transaction, in the way its flags ask."""
+        if script:
+            return self._scripted(fn)
+        if relaxed:
+            return self._relaxed(fn, first, finish)
+        if single:
+            with self._pool.connection() as conn, conn.cursor() as cur:
+                return fn(cur)
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            return fn(cur)
 
     def _relaxed(self, fn: Callable[[Cursor], T], first: str, finish: Callable[[T], str] | None) -> T:
         """One relaxed transaction (see :meth:`_run`), begun and committed by hand on an autocommit connection.

@@ -408,6 +408,42 @@ class SQLiteStore(
         with self._lock:
             return self._claim(destination, limit, per_lane, owner, lease_seconds, now, max_bytes)
 
+    @staticmethod
+    def _pick(
+        db: sqlite3.Connection, destination: str, streams: list[str], per_lane: int, limit: int, budget: float
+    ) -> tuple[list[tuple[int, int, float | None, int, bytes]], list[str]]:
+        """The deliveries a claim takes from the due lanes ``streams`` (in order): up to ``per_lane``
+        of each lane's first, ``limit`` in all, a prefix of each lane within ``budget`` bytes (at
+        least one delivery). Returns them (id, attempts, first attempt, seq, envelope) and the
+        lanes they came from; an empty lane found on the way is deleted."""
+        picked: list[tuple[int, int, float | None, int, bytes]] = []  # id, attempts, first, seq, attrs
+        leased: list[str] = []
+        size = 0
+        for stream in streams:
+            room = min(per_lane, limit - len(picked))
+            if room <= 0 or size >= budget:
+                break
+            # length(data) reads the blob's header only: sizes decide before any data is loaded
+            rows = db.execute(
+                "SELECT d.id, d.attempts, d.first_attempt_at, e.seq, e.attrs, length(e.data) "
+                "FROM outrelay_deliveries d JOIN outrelay_events e ON e.seq = d.event_seq "
+                "WHERE d.destination = ? AND d.stream = ? ORDER BY d.id LIMIT ?",
+                (destination, stream, room),
+            ).fetchall()
+            if not rows:  # an empty lane must not occupy the head of the queue
+                db.execute("DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ?", (destination, stream))
+                continue
+            taken = 0
+            for row in rows:
+                if picked and size + row[5] > budget:
+                    break  # a lane prefix only: later rows of this lane wait too
+                picked.append(row[:5])
+                size += row[5]
+                taken += 1
+            if taken:
+                leased.append(stream)
+        return picked, leased
+
     def _claim(
         self,
         destination: str,
@@ -430,32 +466,7 @@ class SQLiteStore(
             return []
         with self._tx(relaxed=True) as db:
             streams = [r[0] for r in db.execute(_DUE_LANES, (destination, now, owner, limit))]
-            picked: list[tuple[int, int, float | None, int, bytes]] = []  # id, attempts, first, seq, attrs
-            leased: list[str] = []
-            size = 0
-            for stream in streams:
-                room = min(per_lane, limit - len(picked))
-                if room <= 0 or size >= budget:
-                    break
-                # length(data) reads the blob's header only: sizes decide before any data is loaded
-                rows = db.execute(
-                    "SELECT d.id, d.attempts, d.first_attempt_at, e.seq, e.attrs, length(e.data) "
-                    "FROM outrelay_deliveries d JOIN outrelay_events e ON e.seq = d.event_seq "
-                    "WHERE d.destination = ? AND d.stream = ? ORDER BY d.id LIMIT ?",
-                    (destination, stream, room),
-                ).fetchall()
-                if not rows:  # an empty lane must not occupy the head of the queue
-                    db.execute("DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ?", (destination, stream))
-                    continue
-                taken = 0
-                for row in rows:
-                    if picked and size + row[5] > budget:
-                        break  # a lane prefix only: later rows of this lane wait too
-                    picked.append(row[:5])
-                    size += row[5]
-                    taken += 1
-                if taken:
-                    leased.append(stream)
+            picked, leased = self._pick(db, destination, streams, per_lane, limit, budget)
             db.executemany(
                 "UPDATE outrelay_lanes SET owner = ?, due_at = ? WHERE destination = ? AND stream = ?",
                 [(owner, now + lease_seconds, destination, s) for s in leased],
@@ -499,7 +510,6 @@ class SQLiteStore(
     ) -> None:
         lanes: dict[str, tuple[float, bool, int]] = {}  # stream -> (due_at, parked, removed)
         done: dict[str, list[tuple[int]]] = {}  # stream -> delivered ids
-        delivered = 0
         undelivered: set[str] = set()  # streams with a settlement other than delivered so far
         scattered: set[str] = set()  # streams with a delivered row after an undelivered one
         with self._tx(relaxed=True) as db:
@@ -523,72 +533,102 @@ class SQLiteStore(
                     )
                     due = max(due, s.due_at)
                 elif s.kind in ("dead", "park"):
-                    row = db.execute(
-                        "SELECT event_seq, first_attempt_at FROM outrelay_deliveries WHERE id = ?", (s.delivery_id,)
-                    ).fetchone()
-                    if row is None:
+                    gone = self._dead_letter(db, destination, s, now)
+                    if gone is None:
                         continue
-                    db.execute(
-                        "INSERT INTO outrelay_dead_letters (event_seq, destination, stream, reason, attempts, "
-                        "first_attempt_at, failed_at, state, delivery_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (
-                            row[0],
-                            destination,
-                            s.stream,
-                            s.error or "",
-                            s.attempts,
-                            row[1] or now,
-                            now,
-                            "dead" if s.kind == "dead" else "parked",
-                            s.delivery_id if s.kind == "park" else None,
-                        ),
-                    )
-                    if s.kind == "dead":
-                        removed += db.execute("DELETE FROM outrelay_deliveries WHERE id = ?", (s.delivery_id,)).rowcount
-                    else:
-                        db.execute(
-                            "UPDATE outrelay_deliveries SET attempts = ?, last_error = ? WHERE id = ?",
-                            (s.attempts, s.error, s.delivery_id),
-                        )
-                        parked = True
+                    removed += gone
+                    parked = parked or s.kind == "park"
                 lanes[s.stream] = (due, parked, removed)
-            for stream, ids in done.items():
-                # rowcount, not len(ids): a relay whose lease ran out may settle rows another already removed
-                if stream not in scattered:
-                    # delivered rows are the first of their lane (a claim takes a lane's lowest ids,
-                    # settlements keep claim order, ids only grow): one range delete
-                    gone = db.execute(
-                        "DELETE FROM outrelay_deliveries WHERE destination = ? AND stream = ? AND id <= ?",
-                        (destination, stream, ids[-1][0]),
-                    ).rowcount
-                else:
-                    gone = db.executemany("DELETE FROM outrelay_deliveries WHERE id = ?", ids).rowcount
-                due, parked, removed = lanes[stream]
-                lanes[stream] = (due, parked, removed + gone)
-                delivered += gone
-            for stream, (due, parked, removed) in lanes.items():
-                if removed:
-                    db.execute(
-                        "UPDATE outrelay_lanes SET pending = pending - ? WHERE destination = ? AND stream = ?",
-                        (removed, destination, stream),
-                    )
-                db.execute(
-                    "UPDATE outrelay_lanes SET owner = NULL, due_at = ?, parked = ? "
-                    "WHERE destination = ? AND stream = ? AND owner = ?",
-                    (due, int(parked), destination, stream, owner),
-                )
-                emptied = db.execute(
-                    "DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ? AND pending <= 0",
-                    (destination, stream),
+            self._delete_delivered(db, destination, done, scattered, lanes)
+            self._release_lanes(db, destination, owner, lanes)
+
+    @staticmethod
+    def _dead_letter(db: sqlite3.Connection, destination: str, s: Settlement, now: float) -> int | None:
+        """Dead-letter (``dead``: the delivery goes) or park (``park``: it stays, its lane stops) one
+        delivery. Returns the deliveries removed, or None when the delivery is gone already."""
+        row = db.execute(
+            "SELECT event_seq, first_attempt_at FROM outrelay_deliveries WHERE id = ?", (s.delivery_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        db.execute(
+            "INSERT INTO outrelay_dead_letters (event_seq, destination, stream, reason, attempts, "
+            "first_attempt_at, failed_at, state, delivery_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                row[0],
+                destination,
+                s.stream,
+                s.error or "",
+                s.attempts,
+                row[1] or now,
+                now,
+                "dead" if s.kind == "dead" else "parked",
+                s.delivery_id if s.kind == "park" else None,
+            ),
+        )
+        if s.kind == "dead":
+            return int(db.execute("DELETE FROM outrelay_deliveries WHERE id = ?", (s.delivery_id,)).rowcount)
+        db.execute(
+            "UPDATE outrelay_deliveries SET attempts = ?, last_error = ? WHERE id = ?",
+            (s.attempts, s.error, s.delivery_id),
+        )
+        return 0
+
+    @staticmethod
+    def _delete_delivered(
+        db: sqlite3.Connection,
+        destination: str,
+        done: dict[str, list[tuple[int]]],
+        scattered: set[str],
+        lanes: dict[str, tuple[float, bool, int]],
+    ) -> int:
+        """Delete the delivered rows (``done``, per stream), count them into ``lanes``' removed and
+        add them to the destination's delivered counter; returns how many went."""
+        delivered = 0
+        for stream, ids in done.items():
+            # rowcount, not len(ids): a relay whose lease ran out may settle rows another already removed
+            if stream not in scattered:
+                # delivered rows are the first of their lane (a claim takes a lane's lowest ids,
+                # settlements keep claim order, ids only grow): one range delete
+                gone = db.execute(
+                    "DELETE FROM outrelay_deliveries WHERE destination = ? AND stream = ? AND id <= ?",
+                    (destination, stream, ids[-1][0]),
                 ).rowcount
-                if not emptied and not parked:  # the lane keeps deliveries: due again at `due`
-                    self._lower_quiet(destination, due)
-            if delivered:
+            else:
+                gone = db.executemany("DELETE FROM outrelay_deliveries WHERE id = ?", ids).rowcount
+            due, parked, removed = lanes[stream]
+            lanes[stream] = (due, parked, removed + gone)
+            delivered += gone
+        if delivered:
+            db.execute(
+                "INSERT INTO outrelay_destinations (destination, delivered) VALUES (?, ?) "
+                "ON CONFLICT (destination) DO UPDATE SET delivered = delivered + excluded.delivered",
+                (destination, delivered),
+            )
+        return delivered
+
+    def _release_lanes(
+        self, db: sqlite3.Connection, destination: str, owner: str, lanes: dict[str, tuple[float, bool, int]]
+    ) -> None:
+        """Release the settled lanes: lower their pending counts, due again at their ``due_at``
+        (parked ones stop), deleted when empty."""
+        for stream, (due, parked, removed) in lanes.items():
+            if removed:
                 db.execute(
-                    "INSERT INTO outrelay_destinations (destination, delivered) VALUES (?, ?) "
-                    "ON CONFLICT (destination) DO UPDATE SET delivered = delivered + excluded.delivered",
-                    (destination, delivered),
+                    "UPDATE outrelay_lanes SET pending = pending - ? WHERE destination = ? AND stream = ?",
+                    (removed, destination, stream),
                 )
+            db.execute(
+                "UPDATE outrelay_lanes SET owner = NULL, due_at = ?, parked = ? "
+                "WHERE destination = ? AND stream = ? AND owner = ?",
+                (due, int(parked), destination, stream, owner),
+            )
+            emptied = db.execute(
+                "DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ? AND pending <= 0",
+                (destination, stream),
+            ).rowcount
+            if not emptied and not parked:  # the lane keeps deliveries: due again at `due`
+                self._lower_quiet(destination, due)
 
     def next_due(self, destination: str) -> float | None:
         row = self._q("SELECT MIN(due_at) FROM outrelay_lanes WHERE destination = ? AND parked = 0", (destination,))
