@@ -18,6 +18,11 @@ Data model (every store keeps the same facts):
   attempts and timestamps; ``state`` is ``dead``, ``parked`` or ``replayed``.
 * **destination state** — disabled flag, last error, delivered counter.
 
+The contract comes in the roles that use it: :class:`AppendStore` (the
+application), :class:`RelayStore` (the relay's claim loop), :class:`OperatorStore`
+(status, dead letters, replay) and :class:`HistoryStore` (reading the log back,
+snapshots, retention); :class:`Store` is all four.
+
 All methods are synchronous and may be called from one worker thread; the
 relay wraps them (``max_workers`` threads, 1 for SQLite). Times are Unix
 seconds (float). Every database failure is raised as
@@ -36,11 +41,15 @@ from outrelay.core.envelope import Event
 from outrelay.core.history_filter import HistoryFilter, matches
 
 __all__ = [
+    "AppendStore",
     "Attempt",
     "Claimed",
     "DeadLetter",
     "DestinationStatus",
     "HistoryFilter",
+    "HistoryStore",
+    "OperatorStore",
+    "RelayStore",
     "SettleKind",
     "Settlement",
     "Snapshot",
@@ -160,17 +169,11 @@ class Snapshot:
     created_at: float
 
 
-class Store(ABC):
-    """An outbox database. See the module docstring for the data model."""
-
-    #: threads the relay may use to call this store concurrently
-    max_workers: int = 1
-    #: whether several relay processes may share this store
-    multi_relay: bool = False
+class AppendStore(ABC):
+    """The application's side of an outbox database: append events, and tell a relay
+    in another process that new ones were committed."""
 
     url: str
-
-    # -- application side ---------------------------------------------------
 
     @abstractmethod
     def append(self, events: Sequence[Event], conn: Any = None) -> list[Event]:
@@ -201,7 +204,15 @@ class Store(ABC):
         listening. Default: no notifications (relays poll)."""
         return lambda: None
 
-    # -- relay side ---------------------------------------------------------
+
+class RelayStore(ABC):
+    """What a relay asks of an outbox database: route, claim, renew, settle, and the
+    waits between them (see the module docstring for the data model)."""
+
+    #: threads the relay may use to call this store concurrently
+    max_workers: int = 1
+    #: whether several relay processes may share this store
+    multi_relay: bool = False
 
     @abstractmethod
     def acquire_relay(self, owner: str) -> None:
@@ -292,7 +303,10 @@ class Store(ABC):
     def unrouted(self) -> int:
         """Events not routed yet."""
 
-    # -- operator side ------------------------------------------------------
+
+class OperatorStore(ABC):
+    """What operators ask (``outrelay status``, ``dlq``, ``enable``, ``replay``): state per
+    destination, dead letters, and sending history again."""
 
     @abstractmethod
     def status(self, destinations: Sequence[str], now: float) -> list[DestinationStatus]: ...
@@ -327,13 +341,28 @@ class Store(ABC):
         unparks its lane. Returns the count."""
 
     @abstractmethod
-    def events(self, *, stream: str | None = None, after: int = 0, limit: int = 1000) -> list[Event]:
-        """Read the log in sequence order (history, for replay and tools)."""
-
-    @abstractmethod
     def replay_stream(self, destination: str, *, stream: str | None, after: int, now: float) -> int:
         """Queue history (``sequence > after``, one stream or all) to
         ``destination`` again. Returns the count queued."""
+
+    def replay_events(self, destination: str, sequences: Sequence[int], *, now: float) -> int:
+        """Queue the routed events among ``sequences`` to ``destination`` again,
+        in sequence order, in one transaction (``outrelay replay`` pages
+        through a filtered history with it). Unrouted or unknown sequences are
+        skipped. Returns the count queued.
+
+        :raises StoreError: the store cannot (the default)."""
+        from outrelay.core.errors import StoreError
+
+        raise StoreError(f"{type(self).__name__} cannot replay selected events; use the SQLite or PostgreSQL outbox")
+
+
+class HistoryStore(ABC):
+    """Reading the log back (history, replay, projections' snapshots) and its retention."""
+
+    @abstractmethod
+    def events(self, *, stream: str | None = None, after: int = 0, limit: int = 1000) -> list[Event]:
+        """Read the log in sequence order (history, for replay and tools)."""
 
     def history(self, where: HistoryFilter, *, after: int = 0, limit: int = 1000) -> list[Event]:
         """One page of the log: events matching ``where`` with ``sequence >
@@ -358,17 +387,6 @@ class Store(ABC):
         reader to find it in when it needs it. Default: from :meth:`history`."""
         page = self.history(HistoryFilter(stream=stream), after=after, limit=limit)
         return [(e.sequence or 0, e.type, e.event_version, e.data) for e in page]
-
-    def replay_events(self, destination: str, sequences: Sequence[int], *, now: float) -> int:
-        """Queue the routed events among ``sequences`` to ``destination`` again,
-        in sequence order, in one transaction (``outrelay replay`` pages
-        through a filtered history with it). Unrouted or unknown sequences are
-        skipped. Returns the count queued.
-
-        :raises StoreError: the store cannot (the default)."""
-        from outrelay.core.errors import StoreError
-
-        raise StoreError(f"{type(self).__name__} cannot replay selected events; use the SQLite or PostgreSQL outbox")
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
         """Store ``snapshot``, replacing the one kept for (name, stream).
@@ -399,6 +417,11 @@ class Store(ABC):
         ``batch`` rows so appends and deliveries are never held up for long,
         at most ``max_batches`` of them (None: until nothing is left).
         Returns the count. An undelivered event is never deleted."""
+
+
+class Store(AppendStore, RelayStore, OperatorStore, HistoryStore):
+    """An outbox database: every role above. See the module docstring for the data model.
+    Code that needs one role only should take that role's type."""
 
     @abstractmethod
     def close(self) -> None: ...
