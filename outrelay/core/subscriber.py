@@ -241,19 +241,16 @@ class Subscription:
                     try:
                         event = self._plain(m, current) if plain else None
                         if event is None:
-                            if not await self._handle(m):
-                                break
-                        else:  # what _handle does for it, without its coroutine and _attempts'
+                            acked = await self._handle(m)
+                        else:  # decoded, current, untraced: _handle's steps but the handler's call are done
                             try:
                                 await handler(event)
+                                outcome = None
                             except Exception as exc:
-                                if not await self._outcome(m, event, event, await self._retries(event, False, exc)):
-                                    break
-                            else:
-                                self.stats.handled += 1
-                                self.stats.last_event_time, self.stats.last_handled_at = event.time, time.time()
-                                if not self._ack_nowait(m):
-                                    await self._ack_awaited(m)
+                                outcome = await self._retries(event, False, exc)
+                            acked = await self._outcome(m, event, event, outcome)
+                        if not acked:
+                            break
                     except OutrelayError as exc:  # the dead-letter database failed: nothing was acked
                         log.error("subscription %s: stream %r waits: %s", self.consumer, stream, exc)
                         await asyncio.sleep(1.0)
