@@ -1,8 +1,10 @@
 """The delivery-attempt log in the SQLite outbox (see :mod:`outrelay.core.attempts`).
 
 A mixin of :class:`~outrelay.core.stores.sqlite.SQLiteStore`. The relay's
-settle writes a batch's attempts with one ``executemany`` inside its own
-transaction (:meth:`SQLiteAttemptsMixin._log_attempts`); nothing here runs
+settle writes a batch's attempts inside its own transaction
+(:meth:`SQLiteAttemptsMixin._log_attempts`: its plain delivered ones with one
+``INSERT ... SELECT`` from their events' rows, any other with an
+``executemany``); nothing here runs
 on the hot path unless the relay passes attempts (``[attempts] enabled``). Reads page newest
 first by ``id``; an ``--event`` read uses the index on ``(event_seq, id)``
 (the sequence found from the event's id; an event pruned from history is
