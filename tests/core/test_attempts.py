@@ -304,3 +304,25 @@ def test_the_webhook_gives_each_result_its_status_and_a_bounded_answer_excerpt()
     assert ok == Delivered()  # the detail is no part of equality
     refused = classify(410, {}, "http://127.0.0.1:9/hook", b"")
     assert isinstance(refused, Rejected) and refused.detail == {"status": 410, "body": ""}
+
+
+def test_plain_delivered_rows_of_missing_or_repeated_events_are_still_logged(
+    store: Store,  # noqa: F811
+) -> None:
+    """A batch of plain delivered attempts logs one row per attempt given, with each event's id and
+    stream, including an event listed twice and one no longer in the outbox (inserted as given).
+    (The SQLite store's path that takes a batch's plain rows from the events' rows.)"""
+    if type(store).__name__ != "SQLiteStore":
+        pytest.skip("the SQLite store's INSERT ... SELECT path")
+    events = store.append([Event(type="t", stream=f"s{i}", data={}) for i in range(3)])
+    seqs = [e.sequence or 0 for e in events]
+    rows: list[Any] = [
+        (T0, e.id, seq, "d", e.stream, 1, "delivered", 0.01, "", "") for e, seq in zip(events, seqs, strict=True)
+    ]
+    rows.append(rows[0])  # the same event twice
+    rows.append((T0, "gone-id", 10_000, "d", "gone-stream", 1, "delivered", 0.01, "", ""))  # not in the outbox
+    rows.append((T0, events[1].id, seqs[1], "d", events[1].stream, 2, "retry", 0.01, "503", ""))  # not plain
+    store.settle("d", "o", [], T0, attempts=rows)
+    got = store.attempts(limit=100)  # type: ignore[attr-defined]
+    logged = sorted((r[2], r[3], r[5], r[6], r[7]) for r in got)
+    assert logged == sorted((r[1], r[2], r[4], r[5], r[6]) for r in rows)

@@ -1,8 +1,10 @@
 """The delivery-attempt log in the SQLite outbox (see :mod:`outrelay.core.attempts`).
 
 A mixin of :class:`~outrelay.core.stores.sqlite.SQLiteStore`. The relay's
-settle writes a batch's attempts with one ``executemany`` inside its own
-transaction (:meth:`SQLiteAttemptsMixin._log_attempts`); nothing here runs
+settle writes a batch's attempts inside its own transaction
+(:meth:`SQLiteAttemptsMixin._log_attempts`: its plain delivered ones with one
+``INSERT ... SELECT`` from their events' rows, any other with an
+``executemany``); nothing here runs
 on the hot path unless the relay passes attempts (``[attempts] enabled``). Reads page newest
 first by ``id``; an ``--event`` read uses the index on ``(event_seq, id)``
 (the sequence found from the event's id; an event pruned from history is
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from outrelay.core.errors import NotFoundError
@@ -23,6 +26,16 @@ from outrelay.core.stores.sqlite_ops import SQLiteParts
 __all__ = ["SQLiteAttemptsMixin"]
 
 _COLS = "id, at, event_id, event_seq, destination, stream, attempt, outcome, latency, error, detail"
+_INSERT_DELIVERED = (
+    "INSERT INTO outrelay_attempts (at, event_id, event_seq, destination, stream, attempt, outcome, latency) "
+    "SELECT ?, e.id, e.seq, ?, e.stream, ?, 'delivered', ? FROM json_each(?) j "
+    "CROSS JOIN outrelay_events e ON e.seq = j.value"
+)
+_FOUND = "SELECT seq FROM outrelay_events WHERE seq IN (SELECT value FROM json_each(?))"
+#: whether this SQLite has ``json_each`` (built in since 3.38, an option before); cleared on the first miss
+_JSON = [True]
+_KIND = itemgetter(0, 5, 6, 7, 8, 9)
+_SEQ = itemgetter(2)
 
 
 class SQLiteAttemptsMixin(SQLiteParts):
@@ -32,7 +45,13 @@ class SQLiteAttemptsMixin(SQLiteParts):
     attempts_keep: int | None = None
 
     def _log_attempts(self, db: sqlite3.Connection, destination: str, rows: Sequence[Attempt]) -> None:
-        """Insert the attempt-log ``rows`` (in the caller's transaction)."""
+        """Insert the attempt-log ``rows`` (in the caller's transaction).
+
+        A delivered attempt with no error or detail (most rows) takes its ``event_id`` and
+        ``stream`` from its event's row, which the settle's transaction still holds: those of a
+        batch sharing ``at``, ``latency`` and attempt number go in one ``INSERT ... SELECT`` that
+        binds only their sequences (as one JSON array), not ten values per row. Any other row,
+        and one whose event is gone or listed twice, is inserted with its own values."""
         keep = self.attempts_keep
         if keep is not None:  # only an event past keep attempts can have too many (replays aside)
             for r in rows:
@@ -43,11 +62,49 @@ class SQLiteAttemptsMixin(SQLiteParts):
                         "ORDER BY id DESC LIMIT ?)",
                         (r[2], destination, r[2], destination, keep - 1),
                     )
-        db.executemany(
-            "INSERT INTO outrelay_attempts (at, event_id, event_seq, destination, stream, attempt, outcome, "
-            "latency, error, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
+        rest: Sequence[Attempt] = rows
+        if _JSON[0]:
+            kinds = set(map(_KIND, rows))  # (at, attempt, outcome, latency, error, detail): a batch's often share one
+            if len(kinds) == 1:
+                at, number, outcome, latency, error, detail = kinds.pop()
+                if outcome == "delivered" and not error and not detail:
+                    rest = self._log_delivered(db, destination, at, number, latency, rows)
+            else:
+                plain: dict[tuple[float, int, float], list[Attempt]] = {}
+                rest = []
+                for r in rows:
+                    if r[6] == "delivered" and not r[8] and not r[9]:
+                        plain.setdefault((r[0], r[5], r[7]), []).append(r)
+                    else:
+                        rest.append(r)
+                for (at, number, latency), group in plain.items():
+                    rest.extend(self._log_delivered(db, destination, at, number, latency, group))
+        if rest:
+            db.executemany(
+                "INSERT INTO outrelay_attempts (at, event_id, event_seq, destination, stream, attempt, outcome, "
+                "latency, error, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rest,
+            )
+
+    @staticmethod
+    def _log_delivered(
+        db: sqlite3.Connection, destination: str, at: float, number: int, latency: float, group: Sequence[Attempt]
+    ) -> Sequence[Attempt]:
+        """Insert the plain delivered attempts ``group`` (in sequence order) from their events'
+        rows; returns those left to insert with their own values: an event no longer in the
+        outbox, or all of them where this SQLite has no ``json_each``."""
+        seqs = "[" + ",".join(map(str, sorted(map(_SEQ, group)))) + "]"
+        try:
+            got = db.execute(_INSERT_DELIVERED, (at, destination, number, latency, seqs)).rowcount
+        except sqlite3.OperationalError as exc:  # built without JSON: row by row from now on
+            if "json_each" not in str(exc):
+                raise
+            _JSON[0] = False
+            return group
+        if got == len(group):
+            return ()
+        found = {s for (s,) in db.execute(_FOUND, (seqs,))}
+        return [r for r in group if r[2] not in found]
 
     def attempts(
         self,
