@@ -30,6 +30,7 @@ from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, Tr
 __all__: list[str] = []
 
 CYCLES = 3  # open/send/close cycles counted (each leaked socket shows at once; more cycles only cost time)
+SETTLE = 0.3  # how long closed connections may take to leave /proc/self/fd (connection_lost callbacks)
 DEDUPE_DELAY = 1.5
 DEDUPE_BETWEEN = 50
 HAVE_PROC_FD = Path("/proc/self/fd").is_dir()
@@ -191,6 +192,18 @@ async def _failing(ctx: Context, target: str, n: int) -> None:
     await asyncio.gather(*jobs)
 
 
+async def _settled_handles(before: dict[int, str], settle: float = SETTLE) -> dict[int, str]:
+    """The sockets/files open now and not ``before``, once at most one is left or ``settle`` seconds passed:
+    a transport's ``connection_lost`` callbacks may still be running just after ``close()`` returned."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settle
+    while True:
+        new = {fd: what for fd, what in open_handles().items() if before.get(fd) != what}
+        if len(new) <= 1 or loop.time() >= deadline:
+            return new
+        await asyncio.sleep(0.02)
+
+
 @check
 async def sockets_released(ctx: Context) -> None:
     """Three open/send/close cycles, two check() calls, and the error paths (open() and check() against a broker
@@ -224,8 +237,7 @@ async def sockets_released(ctx: Context) -> None:
     for n in (1, 2):
         await probe(n)
     await _failing(ctx, s.target, 1)  # one round: each leak shows at once (more rounds only cost time)
-    await asyncio.sleep(0.3)  # let transports' connection_lost callbacks run
-    new = {fd: what for fd, what in open_handles().items() if before.get(fd) != what}
+    new = await _settled_handles(before)
     if len(new) > 1:
         kinds = sorted({w.split("[")[0] for w in new.values()})
         raise CheckFailed(
