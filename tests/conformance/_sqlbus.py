@@ -87,9 +87,16 @@ class SqlBusTransport(LifecycleTransport):
         self._write_lock = threading.Lock()
 
     async def _close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        db, self._db = self._db, None
+        if db is None:
+            return
+        lock = self._write_lock
+
+        def close() -> None:  # not while a cancelled send's insert still runs in its thread
+            with lock:
+                db.close()
+
+        await asyncio.to_thread(close)
 
     async def _send(self, batch: Sequence[Message]) -> list[SendResult]:
         assert self._db is not None
@@ -122,16 +129,21 @@ class SqlSubscription(SubscriptionBackend):
         self.stopped = False
 
     async def _txn(self, fn: Any, *args: Any) -> Any:
+        """``fn(db, *args)`` in one transaction in a worker thread; None once stopped (the
+        connection is closed under the same lock, never while a transaction uses it)."""
+
         def run() -> Any:
             with self.lock:
-                assert self.db is not None
-                self.db.execute("BEGIN IMMEDIATE")
+                db = self.db
+                if db is None:
+                    return None
+                db.execute("BEGIN IMMEDIATE")
                 try:
-                    out = fn(self.db, *args)
+                    out = fn(db, *args)
                 except BaseException:
-                    self.db.execute("ROLLBACK")
+                    db.execute("ROLLBACK")
                     raise
-                self.db.execute("COMMIT")
+                db.execute("COMMIT")
                 return out
 
         return await asyncio.to_thread(run)
@@ -157,7 +169,7 @@ class SqlSubscription(SubscriptionBackend):
         deadline = time.monotonic() + timeout
         while not self.stopped:
             take = self._take_group if self.spec.group is not None else self._take_fanout
-            rows = await self._txn(take, max_messages)
+            rows = await self._txn(take, max_messages) or []
             if rows or time.monotonic() >= deadline:
                 return [self.inbound(*row) for row in rows]
             await asyncio.sleep(0.02)
@@ -257,8 +269,14 @@ class SqlSubscription(SubscriptionBackend):
         self.stopped = True
         if self.spec.group is not None:
             await self._txn(self.release)
-        db, self.db = self.db, None
-        await asyncio.to_thread(db.close)
+
+        def close() -> None:
+            with self.lock:
+                db, self.db = self.db, None
+                if db is not None:
+                    db.close()
+
+        await asyncio.to_thread(close)
 
     def release(self, db: sqlite3.Connection) -> None:
         """Free this member's pending rows and leave the group."""
