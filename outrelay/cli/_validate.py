@@ -43,13 +43,12 @@ def validate(cfg: OutrelayConfig) -> dict[str, Transport]:
     """
     from outrelay.core.registry import get_registry
     from outrelay.core.relay import build_transports
+    from outrelay.plugins.crypto import PayloadCrypto, crypto_config
 
     if not cfg.destinations:
         raise ConfigError("no destinations configured; add a [destinations.NAME] table")
     transports = build_transports(cfg, get_registry())
-    if cfg.crypto is not None:
-        from outrelay.plugins.crypto import PayloadCrypto
-
+    if crypto_config(cfg) is not None:
         PayloadCrypto.from_config(cfg)  # reads every key, as the relay does when it starts
     if cfg.audit.enabled and cfg.audit.hmac_key:
         from outrelay.core.audit import resolve_key

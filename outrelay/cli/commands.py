@@ -31,6 +31,7 @@ from outrelay.core.outbox import Outbox
 from outrelay.core.registry import get_registry
 from outrelay.core.relay import Relay
 from outrelay.core.transport import Capabilities, Transport
+from outrelay.plugins.crypto import PayloadCrypto, crypto_config
 from outrelay.plugins.health import DEFAULT_STALL_AFTER
 
 __all__ = ["register"]
@@ -208,9 +209,8 @@ def emit(
     labels, meta = _parse_kv(label, "--label"), _parse_kv(metadata, "--metadata")
     src = source or cfg.source or "outrelay"
     encode = None
-    if cfg.crypto is not None and cfg.crypto.at_rest:  # sealed at append, as the application's appends are
-        from outrelay.plugins.crypto import PayloadCrypto
-
+    crypto = crypto_config(cfg)
+    if crypto is not None and crypto.at_rest:  # sealed at append, as the application's appends are
         with config_context(config):
             encode = PayloadCrypto.from_config(cfg).outbox_encoder
     with Outbox.open(cfg.outbox.url, max_event_bytes=cfg.outbox.max_event_bytes, encode=encode) as outbox:

@@ -29,23 +29,24 @@ from outrelay.core.config import (
     BreakerConfig,
     BusConfig,
     ClaimCheckConfig,
-    CryptoConfig,
-    CryptoRule,
     DestinationConfig,
-    EventLogConfig,
     OutboxConfig,
     OutrelayConfig,
     RelayConfig,
     RetryPolicy,
     RouteConfig,
-    TracingConfig,
+    config_model,
 )
 from outrelay.core.registry import Registry
+from outrelay.plugins.crypto import CryptoConfig, CryptoRule
+from outrelay.plugins.eventlog import EventLogConfig
+from outrelay.plugins.otel import TracingConfig
 
-__all__ = ["DOC_PATH", "all_models", "builtin_transports", "main", "meaning", "render", "schema"]
+__all__ = ["DOC_PATH", "all_models", "builtin_transports", "main", "meaning", "render", "root_model", "schema"]
 
 DOC_PATH = Path("docs/configuration.md")
 
+#: the tables documented, in order: the core's and the built-in plugins' sections
 _CORE: list[tuple[str, type[BaseModel], str]] = [
     ("[outbox]", OutboxConfig, "Where events are stored: the outbox database."),
     ("[relay]", RelayConfig, "How the relay polls, leases, batches and drains."),
@@ -64,6 +65,12 @@ _CORE: list[tuple[str, type[BaseModel], str]] = [
 ]
 
 
+def root_model() -> type[OutrelayConfig]:
+    """The config file's model with the sections of the built-in plugins (and of ``OUTRELAY_PLUGINS``),
+    as :func:`~outrelay.core.config.config_model` builds it for them."""
+    return config_model(Registry(autoload=False))
+
+
 def builtin_transports() -> list[tuple[str, type[BaseModel]]]:
     """(name, config model) of every transport outrelay ships, sorted by name.
 
@@ -75,7 +82,7 @@ def builtin_transports() -> list[tuple[str, type[BaseModel]]]:
 
 def all_models() -> list[type[BaseModel]]:
     """Every model the reference documents: the core tables, each transport and their sub-tables."""
-    models: list[type[BaseModel]] = [OutrelayConfig] + [m for _, m, _ in _CORE]
+    models: list[type[BaseModel]] = [root_model()] + [m for _, m, _ in _CORE]
     models += [m for _, m in builtin_transports()]
     for m in list(models):
         models += [sub for f in m.model_fields.values() if (sub := _nested(f.annotation)) and sub not in models]
@@ -148,7 +155,7 @@ def render() -> str:
         "",
         "## Top level",
         "",
-        *_table(OutrelayConfig, skip=("outbox", "relay", "bus", "destinations", "routes")),
+        *_table(root_model(), skip=("outbox", "relay", "bus", "destinations", "routes")),
         "",
     ]
     for title, model, intro in _CORE:
@@ -187,7 +194,8 @@ def _describe(node: dict[str, Any], model: type[BaseModel]) -> None:
 def schema() -> dict[str, Any]:
     """JSON Schema of the config file: the core tables, and each destination as exactly one of the
     built-in transports (common options plus that transport's own)."""
-    root = OutrelayConfig.model_json_schema()
+    root_cls = root_model()
+    root = root_cls.model_json_schema()
     defs: dict[str, Any] = root.setdefault("$defs", {})
     common = DestinationConfig.model_json_schema()
     defs.update(common.pop("$defs", {}))
@@ -211,7 +219,7 @@ def schema() -> dict[str, Any]:
     for model in all_models():
         if model.__name__ in defs:
             _describe(defs[model.__name__], model)
-    _describe(root, OutrelayConfig)
+    _describe(root, root_cls)
     root["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     root["title"] = "outrelay configuration"
     return root

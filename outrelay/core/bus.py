@@ -41,7 +41,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from outrelay.core import tracecontext
 from outrelay.core.config import OutrelayConfig, RetryPolicy, load_config
 from outrelay.core.consumer_dlq import ConsumerDeadLetters
 from outrelay.core.envelope import Event
@@ -123,20 +122,16 @@ class EventBus:
         ``[bus] destination``, else the in-process bus (``memory``). Consumer dead
         letters go to ``dead_letters``, else ``[bus] dead_letters``, else the outbox database.
 
-        ``[tracing] enabled = true`` turns tracing on for the process
-        (:mod:`outrelay.core.tracecontext`); plugins see ``cfg`` through the
-        ``outrelay_bus_configured`` hook (the crypto plugin installs the
-        ``[crypto]`` keys, so handlers get decrypted events).
+        Plugins see ``cfg`` through the ``outrelay_bus_configured`` hook: the
+        tracing plugin turns tracing on for the process when ``[tracing]
+        enabled = true`` (:mod:`outrelay.core.tracecontext`), the crypto plugin
+        installs the ``[crypto]`` keys, so handlers get decrypted events.
 
         :raises ConfigError: unknown destination, a transport without subscriptions,
             or a missing extra — one line saying how to fix it.
         :raises MissingExtraError: tracing is enabled and OpenTelemetry is not installed.
         """
-        cfg = config if isinstance(config, OutrelayConfig) else load_config(config)
-        if cfg.tracing.enabled and not tracecontext.active:
-            # handlers continue producers' traces; spans go to OpenTelemetry's global
-            # provider (``[tracing] exporter`` configures the relay's own provider only)
-            tracecontext.enable()
+        cfg = config if isinstance(config, OutrelayConfig) else load_config(config, registry=registry)
         name = destination or os.environ.get(BUS_ENV) or cfg.bus.destination or "memory"
         dlq_url = dead_letters or cfg.bus.dead_letters or cfg.outbox.url
         kwargs: dict[str, Any] = {"dead_letters": dlq_url, "claim_timeout": cfg.bus.claim_timeout, "member": member}

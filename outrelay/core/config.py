@@ -35,18 +35,30 @@ validate the whole config alike, before anything is created.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from outrelay.core.endpoints import endpoint_problem
 from outrelay.core.errors import ConfigError
 from outrelay.core.validation import format_validation_error
+
+if TYPE_CHECKING:
+    from outrelay.core.registry import Registry
 
 __all__ = [
     "AttemptsConfig",
@@ -54,23 +66,22 @@ __all__ = [
     "BreakerConfig",
     "BusConfig",
     "ClaimCheckConfig",
-    "CryptoConfig",
-    "CryptoRule",
     "DestinationConfig",
-    "EventLogConfig",
     "OutboxConfig",
     "OutrelayConfig",
     "RelayConfig",
     "RetryPolicy",
     "RouteConfig",
-    "TracingConfig",
+    "config_model",
     "default_config_path",
     "interpolate",
     "load_config",
     "parse_config",
+    "section_default",
 ]
 
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+_S = TypeVar("_S", bound=BaseModel)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
@@ -298,20 +309,6 @@ class BusConfig(_Frozen):
         return v
 
 
-class EventLogConfig(_Frozen):
-    """The ``[event_log]`` table: one log line per published event on the
-    ``outrelay.events`` logger (see :mod:`outrelay.plugins.eventlog`)."""
-
-    enabled: bool = Field(True, description="log every published event (the logger must also be enabled for INFO)")
-    sample: float = Field(
-        1.0,
-        ge=0.0,
-        le=1.0,
-        description="fraction of events logged, chosen by a hash of the event id (deterministic: an event is "
-        "logged by every relay and every retry alike); 1 logs all, 0 none",
-    )
-
-
 class AuditConfig(_Frozen):
     """The ``[audit]`` table: the tamper-evident audit chain (see :mod:`outrelay.core.audit`).
 
@@ -365,123 +362,38 @@ class AttemptsConfig(_Frozen):
     )
 
 
-class TracingConfig(_Frozen):
-    """The ``[tracing]`` table: OpenTelemetry spans (``outrelay[otel]``, see
-    :mod:`outrelay.plugins.otel` and docs/tracing.md). Off by default (costs nothing then)."""
-
-    enabled: bool = Field(
-        False,
-        description="trace the relay (claim, send per event, settle spans linked to each producer's span) and "
-        "stamp appended events with the current span's W3C trace context; needs `pip install 'outrelay[otel]'`",
-    )
-    exporter: Literal["global", "console", "otlp"] = Field(
-        "global",
-        description="where spans go: `global` (the process's OpenTelemetry tracer provider, e.g. set up by "
-        "`opentelemetry-instrument` or the embedding application), `console` (stdout, for trying it out) or "
-        "`otlp` (OTLP/HTTP, configured by the standard `OTEL_EXPORTER_OTLP_*` variables; needs "
-        "`pip install opentelemetry-exporter-otlp-proto-http`)",
-    )
-    service_name: str = Field(
-        "outrelay", min_length=1, description="`service.name` of the spans when `exporter` is console or otlp"
-    )
-
-    @model_validator(mode="after")
-    def _installed(self) -> TracingConfig:
-        if not self.enabled:
-            return self
-        import importlib
-
-        try:
-            importlib.import_module("opentelemetry.trace")
-        except ImportError:
-            raise ValueError(
-                "enabled = true needs OpenTelemetry, which is not installed: pip install 'outrelay[otel]'"
-            ) from None
-        if self.exporter == "otlp":
-            try:
-                importlib.import_module("opentelemetry.exporter.otlp.proto.http.trace_exporter")
-            except ImportError:
-                raise ValueError(
-                    "exporter = 'otlp' needs the OTLP exporter, which is not installed: "
-                    "pip install opentelemetry-exporter-otlp-proto-http"
-                ) from None
-        return self
-
-
-class CryptoRule(_Frozen):
-    """One ``[[crypto.rules]]`` entry: which events are encrypted for which destinations.
-
-    An event is encrypted for a destination when any rule matches it; empty
-    filters match everything (``types`` are globs, as routes use).
-    """
-
-    types: tuple[str, ...] = Field(("*",), description="event type globs whose data is encrypted")
-    tenants: tuple[str, ...] = Field((), description="only these tenants' events (exact names); empty: any tenant")
-    destinations: tuple[str, ...] = Field((), description="only for these destinations; empty: every destination")
-
-
-class CryptoConfig(_Frozen):
-    """The ``[crypto]`` table: AES-256-GCM payload encryption (``outrelay[crypto]``,
-    see :mod:`outrelay.plugins.crypto` and docs/encryption.md).
-
-    ``keys`` name where each key is (``env:VAR`` or ``file:/path``), never the
-    key itself, so the config can be shown and logged safely. Only
-    ``encrypt_with`` encrypts; every listed key decrypts (rotation).
-    """
-
-    keys: dict[str, str] = Field(
-        description="key name -> `env:VAR` or `file:/path` holding 32 random bytes (base64 or hex text, or the "
-        "raw bytes in a file); the name travels with each encrypted event as its `keyid`"
-    )
-    encrypt_with: str = Field(description="the key that encrypts (the current one); the other keys only decrypt")
-    rules: tuple[CryptoRule, ...] = Field(
-        (CryptoRule(),),
-        description="`[[crypto.rules]]` entries with `types` (globs), `tenants` and `destinations` filters; "
-        "an event is encrypted for a destination when any rule matches; default: every event, every destination",
-    )
-    at_rest: bool = Field(
-        False,
-        description="also encrypt matching events when they are appended (the outbox then holds ciphertext); "
-        "destinations no rule selects get them decrypted by the relay",
-    )
-
-    @field_validator("keys")
-    @classmethod
-    def _key_refs(cls, v: dict[str, str]) -> dict[str, str]:
-        if not v:
-            raise ValueError('needs at least one key: name = "env:VAR" or "file:/path"')
-        for name, ref in v.items():
-            if not _NAME_RE.match(name):
-                raise ValueError(f"key name {name!r} must be 1-64 letters, digits, '_', '-' or '.'")
-            # never echo the value: it may be a key pasted in by mistake
-            if not (ref.startswith(("env:", "file:")) and ref.partition(":")[2]):
-                raise ValueError(f"key {name!r} must be env:VAR or file:/path (where the key is, not the key itself)")
-        return v
-
-    @model_validator(mode="after")
-    def _current_key(self) -> CryptoConfig:
-        if self.encrypt_with not in self.keys:
-            raise ValueError(
-                f"encrypt_with names key {self.encrypt_with!r}, which is not in crypto.keys "
-                f"(defined: {', '.join(sorted(self.keys))})"
-            )
-        if not self.rules:
-            raise ValueError("rules is empty: leave it out to encrypt every event, or add a rule")
-        return self
-
-
 class OutrelayConfig(_Frozen):
     outbox: OutboxConfig = OutboxConfig()
     relay: RelayConfig = RelayConfig()
     bus: BusConfig = BusConfig()
-    event_log: EventLogConfig = EventLogConfig()
     audit: AuditConfig = AuditConfig()
     attempts: AttemptsConfig = AttemptsConfig()
-    tracing: TracingConfig = TracingConfig()
-    crypto: CryptoConfig | None = None
     destinations: dict[str, DestinationConfig] = Field(default_factory=dict)
     routes: tuple[RouteConfig, ...] = ()
     source: str | None = Field(None, description="default event source for `outrelay emit`")
+
+    # The core's tables only. Plugins add theirs through the ``outrelay_config_sections`` hook:
+    # :func:`config_model` builds the model the loader validates with, a subclass of this one with
+    # one more field per section; a plugin reads its section with :meth:`section`.
+
+    def section(self, name: str, model: type[_S]) -> _S | None:
+        """The plugin section ``name`` as ``model`` (the class the plugin registered for it).
+
+        The parsed table when the file has it; else ``model()`` when every field of ``model`` has
+        a default (the section is on, with its defaults), else None (an optional table left out).
+        A config built without the section (``OutrelayConfig()``, or a model whose registry lacks
+        the plugin) answers the same as a file without the table.
+
+        :raises TypeError: the config holds ``name`` as another class than ``model``.
+        """
+        if name in _CORE_FIELDS:
+            raise TypeError(f"[{name}] is a core table, not a plugin section")
+        if name not in type(self).model_fields:
+            return section_default(model)
+        value = getattr(self, name)
+        if value is not None and not isinstance(value, model):
+            raise TypeError(f"section [{name}] holds a {type(value).__name__}, not a {model.__name__}")
+        return value
 
     @model_validator(mode="after")
     def _check_names(self) -> OutrelayConfig:
@@ -493,18 +405,58 @@ class OutrelayConfig(_Frozen):
                 if dest not in self.destinations:
                     known = ", ".join(sorted(self.destinations)) or "none"
                     raise ValueError(f"routes[{i}] names destination {dest!r}, which is not defined (defined: {known})")
-        for i, rule in enumerate(self.crypto.rules if self.crypto is not None else ()):
-            for dest in rule.destinations:
-                if dest not in self.destinations:
-                    known = ", ".join(sorted(self.destinations)) or "none"
-                    raise ValueError(
-                        f"crypto.rules[{i}] names destination {dest!r}, which is not defined (defined: {known})"
-                    )
+        for name in type(self).model_fields:
+            check = getattr(getattr(self, name), "check_config", None) if name not in _CORE_FIELDS else None
+            if check is not None:  # a plugin section's checks against the rest of the file
+                check(self)
         bus = self.bus.destination
         if bus is not None and bus != "memory" and bus not in self.destinations:
             known = ", ".join(sorted(self.destinations)) or "none"
             raise ValueError(f"bus.destination names {bus!r}, which is not defined (defined: {known}, or memory)")
         return self
+
+
+_CORE_FIELDS = frozenset(OutrelayConfig.model_fields)
+
+
+def section_default(model: type[_S]) -> _S | None:
+    """What a plugin section is when its table is left out: ``model()`` if every field of
+    ``model`` has a default, else None (the table is optional and off when absent)."""
+    try:
+        return model()
+    except ValidationError:
+        return None
+
+
+def config_model(registry: Registry | None = None) -> type[OutrelayConfig]:
+    """The model a config file is validated with: :class:`OutrelayConfig` plus one field per
+    section the plugins of ``registry`` (default: :func:`~outrelay.core.registry.get_registry`)
+    register, after the core's fields and in plugin order. A section whose model has a default for
+    every field defaults to ``model()``, any other to None (optional). The same sections give the
+    same class (cached), named ``OutrelayConfig`` like its base, so error messages and the JSON
+    Schema read as the core's.
+
+    :raises ConfigError: two plugins register one section, or a section the core holds
+        (see :meth:`Registry.config_sections <outrelay.core.registry.Registry.config_sections>`).
+    """
+    if registry is None:
+        from outrelay.core.registry import get_registry
+
+        registry = get_registry()
+    return _root_model(tuple(registry.config_sections(reserved=_CORE_FIELDS).items()))
+
+
+@functools.lru_cache(maxsize=64)
+def _root_model(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[OutrelayConfig]:
+    if not sections:
+        return OutrelayConfig
+    fields: dict[str, Any] = {}
+    for name, model in sections:
+        default = section_default(model)
+        fields[name] = (model, default) if default is not None else (model | None, None)
+    return create_model(
+        "OutrelayConfig", __base__=OutrelayConfig, __module__=OutrelayConfig.__module__, **fields
+    )
 
 
 def interpolate(value: Any, where: str = "") -> Any:
@@ -536,8 +488,9 @@ def default_config_path() -> Path:
     return Path(os.environ.get("OUTRELAY_CONFIG") or "outrelay.toml")
 
 
-def load_config(path: str | os.PathLike[str] | None = None) -> OutrelayConfig:
-    """Read, interpolate and validate a config file.
+def load_config(path: str | os.PathLike[str] | None = None, *, registry: Registry | None = None) -> OutrelayConfig:
+    """Read, interpolate and validate a config file, with the sections of ``registry``'s plugins
+    (default: the process's registry; see :func:`config_model`).
 
     :raises ConfigError: missing file, text that is not UTF-8, TOML syntax error (with
         line), unset variable, or invalid value (a URL's port out of range included) —
@@ -564,16 +517,24 @@ def load_config(path: str | os.PathLike[str] | None = None) -> OutrelayConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML: {exc}", where=str(p)) from None
-    return parse_config(raw, where=str(p))
+    return parse_config(raw, where=str(p), registry=registry)
 
 
-def parse_config(raw: Mapping[str, Any], *, where: str = "<config>") -> OutrelayConfig:
-    """Validate an already-parsed mapping (see :func:`load_config`)."""
+def parse_config(
+    raw: Mapping[str, Any], *, where: str = "<config>", registry: Registry | None = None
+) -> OutrelayConfig:
+    """Validate an already-parsed mapping (see :func:`load_config`): the core's tables and the
+    sections ``registry``'s plugins register (:func:`config_model`); any other table is an unknown
+    option.
+
+    :raises ConfigError: an unset variable, an invalid value, or a plugin registering a section twice.
+    """
     try:
         data = interpolate(raw)
     except ConfigError as exc:
         raise ConfigError(str(exc), where=where) from None
+    model = config_model(registry)
     try:
-        return OutrelayConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc), where=where) from None

@@ -13,17 +13,17 @@ arguments; an implementation may accept any subset of them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pluggy
+from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from outrelay.core.config import OutrelayConfig
     from outrelay.core.envelope import Event
     from outrelay.core.transport import Message, SendResult, Transport
 
-__all__ = ["StoreRegistrar", "TransportRegistrar", "UpcasterRegistrar", "hookimpl", "hookspec"]
+__all__ = ["ConfigView", "StoreRegistrar", "TransportRegistrar", "UpcasterRegistrar", "hookimpl", "hookspec"]
 
 hookspec = pluggy.HookspecMarker("outrelay")
 hookimpl = pluggy.HookimplMarker("outrelay")
@@ -32,9 +32,20 @@ hookimpl = pluggy.HookimplMarker("outrelay")
 # -------------------------------------------------------------------------
 # what the discovery hooks receive
 # -------------------------------------------------------------------------
-# The registry imports this module to add the hookspecs, and the upcasters load
-# their plugins through the registry: the hooks name both by these protocols,
-# never by their classes, so that this module imports neither.
+# The registry imports this module to add the hookspecs, the upcasters load
+# their plugins through the registry, and the config loader asks the registry
+# for the plugins' sections: the hooks name all three by these protocols,
+# never by their classes, so that this module imports none of them.
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class ConfigView(Protocol):
+    """The ``config`` of :func:`outrelay_send_transform` and :func:`outrelay_bus_configured`:
+    an :class:`outrelay.core.config.OutrelayConfig`."""
+
+    def section(self, name: str, model: type[_M]) -> _M | None:
+        """The plugin section ``name`` as ``model`` (see ``OutrelayConfig.section``)."""
 
 
 class TransportRegistrar(Protocol):
@@ -94,6 +105,23 @@ def outrelay_add_transports(registry: TransportRegistrar) -> None:
 @hookspec
 def outrelay_add_stores(registry: StoreRegistrar) -> None:
     """Register outbox stores by URL scheme with ``registry.add_store(scheme, ...)``."""
+
+
+@hookspec
+def outrelay_config_sections() -> Mapping[str, type[BaseModel]] | None:
+    """Return the config file's top-level tables this plugin owns: name -> pydantic model class
+    (None or an empty mapping: none).
+
+    The loader validates ``[name]`` with the model (errors read ``name.key: ...``, as the core's
+    tables do) and the plugin reads it back with ``config.section(name, model)``. A model whose
+    fields all have defaults makes the section default to ``model()``; any other makes it optional
+    (None when the table is absent). The model should forbid unknown keys
+    (``extra="forbid"``) and be frozen. It may define ``check_config(self, config)`` raising
+    ``ValueError`` to check the section against the rest of the file (say, destination names):
+    called after the core checked destinations and routes. A name must be an identifier not
+    starting with ``_``; one the core holds or another plugin registers is a ``ConfigError``.
+    Called when a config is loaded; must not import optional libraries.
+    """
 
 
 # -------------------------------------------------------------------------
@@ -171,7 +199,7 @@ def outrelay_add_upcasters(registry: UpcasterRegistrar) -> None:
 
 @hookspec
 def outrelay_send_transform(
-    config: OutrelayConfig, destination: str, transport: Transport
+    config: ConfigView, destination: str, transport: Transport
 ) -> Callable[[list[Message]], list[Message] | Awaitable[list[Message]]] | None:
     """Return a function the relay applies to each batch for ``destination``
     (whose transport is ``transport``) just before ``transport.send``, or
@@ -192,7 +220,7 @@ def outrelay_send_transform(
 
 
 @hookspec
-def outrelay_bus_configured(config: OutrelayConfig) -> None:
+def outrelay_bus_configured(config: ConfigView) -> None:
     """:meth:`EventBus.from_config <outrelay.EventBus.from_config>` built a bus
     from ``config``: take what this process's subscribers need from it (the
     crypto plugin installs the ``[crypto]`` keys). May raise ``ConfigError``

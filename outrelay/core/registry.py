@@ -34,11 +34,11 @@ import importlib
 import importlib.metadata as md
 import os
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Collection, Mapping
+from typing import Any, cast
 
 import pluggy
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from outrelay.core import hookspecs
 from outrelay.core.endpoints import check_options
@@ -222,6 +222,35 @@ class Registry:
         self.stores[scheme] = target
 
     # -- used by outrelay ----------------------------------------------------
+
+    def config_sections(self, *, reserved: Collection[str] = ()) -> dict[str, type[BaseModel]]:
+        """Every config section the plugins register (hook ``outrelay_config_sections``): name ->
+        model, in plugin registration order. Asks the plugins on every call (a plugin registered on
+        ``pm`` later counts); the config loader caches the model it builds from the answer.
+
+        :raises ConfigError: a name that is no identifier or starts with ``_``, a value that is not
+            a pydantic model class, a name in ``reserved`` (the core's tables), or one name
+            registered by two plugins with different models — naming the plugins.
+        """
+        out: dict[str, type[BaseModel]] = {}
+        owner: dict[str, str] = {}
+        for impl in self.pm.hook.outrelay_config_sections.get_hookimpls():
+            plugin = self._dists.get(impl.plugin_name, impl.plugin_name)
+            answer = cast("Mapping[object, object] | None", impl.function())
+            for name, model in (answer or {}).items():
+                if not (isinstance(name, str) and name.isidentifier() and not name.startswith("_")):
+                    raise ConfigError(f"plugin {plugin} registers config section {name!r}, which is no identifier")
+                if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                    raise ConfigError(f"plugin {plugin} registers config section [{name}] as {model!r}, not a model")
+                if name in reserved:
+                    raise ConfigError(f"plugin {plugin} registers config section [{name}], which is outrelay's own")
+                if name in out and out[name] is not model:
+                    raise ConfigError(
+                        f"config section [{name}] is registered twice ({owner[name]} and {plugin}); "
+                        "uninstall one of them"
+                    )
+                out[name], owner[name] = model, plugin
+        return out
 
     def transport_spec(self, name: str) -> TransportSpec:
         try:

@@ -32,7 +32,7 @@ per batch, and each line is built only when a handler formats it. A plain
 several lines, the first prefixed.
 
 Configuration (``[event_log]`` in the config file, see
-:class:`~outrelay.core.config.EventLogConfig`): ``enabled = false`` turns the
+:class:`EventLogConfig`, a section this plugin registers): ``enabled = false`` turns the
 plugin off; ``sample = 0.1`` logs the events whose id hashes (CRC-32) under
 10% of the range — deterministic, so a sampled event is logged by every relay
 and every retry alike. Raising the logger's level (``outrelay.events`` to
@@ -52,15 +52,43 @@ from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field
 
 from outrelay.core.envelope import Event
-from outrelay.core.hookspecs import hookimpl
+from outrelay.core.hookspecs import ConfigView, hookimpl
 from outrelay.core.transport import Delivered, Message, SendResult
 
-__all__ = ["LOGGER_NAME", "EventLines", "EventLog", "event_fields", "sampled"]
+__all__ = ["LOGGER_NAME", "EventLines", "EventLog", "EventLogConfig", "event_fields", "event_log_config", "sampled"]
 
 #: the logger every event log line goes to
 LOGGER_NAME = "outrelay.events"
+
+
+class EventLogConfig(BaseModel):
+    """The ``[event_log]`` table: one log line per published event on the
+    ``outrelay.events`` logger (see :mod:`outrelay.plugins.eventlog`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(True, description="log every published event (the logger must also be enabled for INFO)")
+    sample: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="fraction of events logged, chosen by a hash of the event id (deterministic: an event is "
+        "logged by every relay and every retry alike); 1 logs all, 0 none",
+    )
+
+
+def event_log_config(config: ConfigView) -> EventLogConfig:
+    """The ``[event_log]`` section of ``config`` (the defaults, logging on, when the file has none)."""
+    return config.section("event_log", EventLogConfig) or EventLogConfig()
+
+
+@hookimpl
+def outrelay_config_sections() -> dict[str, type[BaseModel]]:
+    """This plugin owns ``[event_log]``."""
+    return {"event_log": EventLogConfig}
 
 
 def event_fields(event: Event, destination: str) -> dict[str, str | None]:
@@ -182,7 +210,7 @@ def _plugin_name(relay: Any) -> str:
 @hookimpl
 def outrelay_relay_started(relay: Any) -> None:
     """Register an :class:`EventLog` for ``relay`` as its ``[event_log]`` config says."""
-    cfg = relay.config.event_log
+    cfg = event_log_config(relay.config)
     pm = relay.registry.pm
     if not cfg.enabled or cfg.sample <= 0 or pm.get_plugin(_plugin_name(relay)) is not None:
         return

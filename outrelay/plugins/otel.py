@@ -38,18 +38,18 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from outrelay.core import tracecontext
-from outrelay.core.hookspecs import hookimpl
+from outrelay.core.hookspecs import ConfigView, hookimpl
 from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from outrelay.core.config import TracingConfig
-
-__all__ = ["MAX_LINKS", "disable_tracing", "enable_tracing"]
+__all__ = ["MAX_LINKS", "TracingConfig", "disable_tracing", "enable_tracing", "tracing_config"]
 
 log = logging.getLogger("outrelay.relay")
 
@@ -69,6 +69,74 @@ _SYSTEMS = {
 
 _systems: dict[str, str] = {}  # destination -> messaging.system, filled as relays start
 _owned: dict[int, Any] = {}  # id(relay) -> the provider it installed (or None) when that relay turned tracing on
+
+
+class TracingConfig(BaseModel):
+    """The ``[tracing]`` table: OpenTelemetry spans (``outrelay[otel]``, see
+    :mod:`outrelay.plugins.otel` and docs/tracing.md). Off by default (costs nothing then)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(
+        False,
+        description="trace the relay (claim, send per event, settle spans linked to each producer's span) and "
+        "stamp appended events with the current span's W3C trace context; needs `pip install 'outrelay[otel]'`",
+    )
+    exporter: Literal["global", "console", "otlp"] = Field(
+        "global",
+        description="where spans go: `global` (the process's OpenTelemetry tracer provider, e.g. set up by "
+        "`opentelemetry-instrument` or the embedding application), `console` (stdout, for trying it out) or "
+        "`otlp` (OTLP/HTTP, configured by the standard `OTEL_EXPORTER_OTLP_*` variables; needs "
+        "`pip install opentelemetry-exporter-otlp-proto-http`)",
+    )
+    service_name: str = Field(
+        "outrelay", min_length=1, description="`service.name` of the spans when `exporter` is console or otlp"
+    )
+
+    @model_validator(mode="after")
+    def _installed(self) -> TracingConfig:
+        if not self.enabled:
+            return self
+        import importlib
+
+        try:
+            importlib.import_module("opentelemetry.trace")
+        except ImportError:
+            raise ValueError(
+                "enabled = true needs OpenTelemetry, which is not installed: pip install 'outrelay[otel]'"
+            ) from None
+        if self.exporter == "otlp":
+            try:
+                importlib.import_module("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+            except ImportError:
+                raise ValueError(
+                    "exporter = 'otlp' needs the OTLP exporter, which is not installed: "
+                    "pip install opentelemetry-exporter-otlp-proto-http"
+                ) from None
+        return self
+
+
+def tracing_config(config: ConfigView) -> TracingConfig:
+    """The ``[tracing]`` section of ``config`` (the defaults, tracing off, when the file has none)."""
+    return config.section("tracing", TracingConfig) or TracingConfig()
+
+
+@hookimpl
+def outrelay_config_sections() -> dict[str, type[BaseModel]]:
+    """This plugin owns ``[tracing]``."""
+    return {"tracing": TracingConfig}
+
+
+@hookimpl
+def outrelay_bus_configured(config: ConfigView) -> None:
+    """``[tracing] enabled = true`` turns tracing on for a bus's process: handlers continue
+    producers' traces. Spans go to OpenTelemetry's global provider (``[tracing] exporter``
+    configures the relay's own provider only).
+
+    :raises MissingExtraError: OpenTelemetry is not installed.
+    """
+    if tracing_config(config).enabled and not tracecontext.active:
+        tracecontext.enable()
 
 
 def enable_tracing(tracer_provider: TracerProvider | None = None) -> None:
@@ -110,8 +178,8 @@ def _own_provider(cfg: TracingConfig) -> Any:
 def outrelay_relay_started(relay: Any) -> None:
     for name, transport in relay.transports.items():
         _systems[name] = _SYSTEMS.get(transport.name, transport.name)
-    cfg = getattr(relay.config, "tracing", None)
-    if cfg is None or not cfg.enabled or tracecontext.active:
+    cfg = tracing_config(relay.config)
+    if not cfg.enabled or tracecontext.active:
         return
     try:  # the config check already found OpenTelemetry; a failure here must not stop delivery
         provider = _own_provider(cfg)

@@ -40,31 +40,52 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pydantic import BaseModel
+
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError, EventError
 from outrelay.core.hookspecs import hookimpl
 from outrelay.core.transport import Message
+from outrelay.plugins.crypto._config import CryptoConfig, CryptoRule, crypto_config
 from outrelay.plugins.crypto._payload import PayloadCrypto, installed, uninstall
 from outrelay.plugins.crypto._seal import ENCRYPTED_CONTENT_TYPE, KEYID, is_sealed
 
-__all__ = ["ENCRYPTED_CONTENT_TYPE", "KEYID", "PayloadCrypto", "installed", "is_sealed", "reveal", "uninstall"]
+__all__ = [
+    "ENCRYPTED_CONTENT_TYPE",
+    "KEYID",
+    "CryptoConfig",
+    "CryptoRule",
+    "PayloadCrypto",
+    "crypto_config",
+    "installed",
+    "is_sealed",
+    "reveal",
+    "uninstall",
+]
 
 _last: tuple[object, PayloadCrypto] | None = None  # the relay's: keys are read once per [crypto] table
 
 
 def _for(config: OutrelayConfig) -> PayloadCrypto:
     global _last
-    if _last is None or _last[0] is not config.crypto:
-        _last = (config.crypto, PayloadCrypto.from_config(config))
+    crypto = crypto_config(config)
+    if _last is None or _last[0] is not crypto:
+        _last = (crypto, PayloadCrypto.from_config(config))
     return _last[1]
+
+
+@hookimpl
+def outrelay_config_sections() -> dict[str, type[BaseModel]]:
+    """This plugin owns ``[crypto]`` (optional: absent, nothing is encrypted)."""
+    return {"crypto": CryptoConfig}
 
 
 @hookimpl
 def outrelay_send_transform(
     config: OutrelayConfig, destination: str
 ) -> Callable[[list[Message]], list[Message]] | None:
-    if config.crypto is None:
+    if crypto_config(config) is None:
         return None
     return _for(config).send_transform(destination)
 
@@ -77,7 +98,7 @@ def outrelay_receive_transform(consumer: str) -> Callable[[Event], Event] | None
 
 @hookimpl
 def outrelay_bus_configured(config: OutrelayConfig) -> None:
-    if config.crypto is not None:
+    if crypto_config(config) is not None:
         PayloadCrypto.from_config(config).install()
 
 
@@ -91,7 +112,7 @@ def reveal(config: OutrelayConfig, event: Event) -> tuple[Event, str | None]:
     if not is_sealed(event):
         return event, None
     keyid = event.metadata.get(KEYID, "?")
-    if config.crypto is None:
+    if crypto_config(config) is None:
         return event, f"encrypted with key {keyid!r}; the config has no [crypto] table to decrypt it"
     try:
         return _for(config).decrypt(event), f"decrypted with key {keyid!r}"

@@ -10,11 +10,12 @@ from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 
 from outrelay.core._copy import copier
-from outrelay.core.config import CryptoConfig, CryptoRule, OutrelayConfig
+from outrelay.core.config import OutrelayConfig
 from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError
 from outrelay.core.segments import RejectedTarget
 from outrelay.core.transport import Message
+from outrelay.plugins.crypto._config import CryptoConfig, CryptoRule, crypto_config
 from outrelay.plugins.crypto._keys import Keyring
 from outrelay.plugins.crypto._seal import ENCRYPTED_CONTENT_TYPE, Opener, Sealer
 
@@ -73,7 +74,7 @@ class PayloadCrypto:
         :raises ConfigError: no ``[crypto]`` table, or a key cannot be read.
         :raises MissingExtraError: ``cryptography`` is not installed.
         """
-        crypto = config.crypto if isinstance(config, OutrelayConfig) else config
+        crypto = crypto_config(config) if isinstance(config, OutrelayConfig) else config
         if crypto is None:
             from outrelay.core.errors import ConfigError
 
