@@ -454,9 +454,7 @@ def _root_model(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[Outre
     for name, model in sections:
         default = section_default(model)
         fields[name] = (model, default) if default is not None else (model | None, None)
-    return create_model(
-        "OutrelayConfig", __base__=OutrelayConfig, __module__=OutrelayConfig.__module__, **fields
-    )
+    return create_model("OutrelayConfig", __base__=OutrelayConfig, __module__=OutrelayConfig.__module__, **fields)
 
 
 def interpolate(value: Any, where: str = "") -> Any:
