@@ -40,6 +40,7 @@ __all__ = [
     "read_stream",
     "read_stream_pages",
     "scan",
+    "scan_where",
     "timestamp",
 ]
 
@@ -104,6 +105,21 @@ def scan(
     process-wide registry; pass an empty :class:`~outrelay.core.upcasting.Upcasters` to read
     events as stored)."""
     where = HistoryFilter(stream, tuple(types), tenant, timestamp(since), timestamp(until))
+    yield from scan_where(store, where, after=after, limit=limit, upcasters=upcasters, page=page)
+
+
+def scan_where(
+    store: Store,
+    where: HistoryFilter,
+    *,
+    after: int = 0,
+    limit: int | None = None,
+    upcasters: Upcasters | None = None,
+    page: int = PAGE,
+) -> Iterator[Event]:
+    """:func:`scan` of a selection already made: the events ``where`` selects (its time
+    bounds in Unix seconds), in sequence order, from ``after`` (exclusive), at most
+    ``limit``, upcast with ``upcasters`` (default: the process-wide registry)."""
     up = _upcaster(upcasters)
     for batch in _pages(store, where, after, limit, page):
         if up:
