@@ -14,7 +14,7 @@ import orjson
 import typer
 
 from outrelay.cli import audit
-from outrelay.cli._common import ConfigOption, console, load, mask, secrets_of
+from outrelay.cli._common import ConfigOption, command_group, console, load, mask, secrets_of
 from outrelay.cli._validate import open_existing
 from outrelay.core import cloudevents
 from outrelay.core.config import OutrelayConfig
@@ -27,11 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["app"]
 
-app = typer.Typer(
-    help="Inspect, replay and purge dead letters: the relay's (per destination) and, with --consumer, "
-    "the subscribers' (per consumer group or subscription).",
-    no_args_is_help=True,
-    add_completion=False,
+app = command_group(
+    "Inspect, replay and purge dead letters: the relay's (per destination) and, with --consumer, "
+    "the subscribers' (per consumer group or subscription)."
 )
 
 ConsumerOption = typer.Option(
