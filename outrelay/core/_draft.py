@@ -6,8 +6,8 @@ A frozen dataclass refuses attribute stores, so a lean constructor that skips
 *draft* class has the same slots and no ``__setattr__`` of its own, so its
 instance is filled with plain attribute stores; :func:`drafting`'s ``seal``
 then turns it into the frozen class by ``__class__`` assignment, which CPython
-allows between classes whose slots are the same. Measured here for an
-Event's 19 slots: 0.6 µs instead of 2.9 µs per object.
+allows between classes whose slots are the same: several times cheaper per
+object (figures in benchmarks/README.md, "Why the code is as it is").
 
 Where an interpreter refuses that assignment, ``seal`` copies the slots into a
 new object through their descriptors instead (the old cost, same result).
@@ -22,8 +22,8 @@ once: :func:`copier` (a copy of an object with some fields changed: payload
 sealing, claim checks, tracing) and :func:`builder` (a new object from all its
 field values: a consumer's per-record :class:`~outrelay.core.reading.Received`).
 Their code is generated, as dataclasses generates ``__init__``: one plain
-store per field into a draft, no loop (a loop over the fields costs about half
-as much again), and no validation (``dataclasses.replace`` and the
+store per field into a draft, no loop (a loop over the fields costs more), and
+no validation (``dataclasses.replace`` and the
 constructor validate, and are slower still). They follow the class's fields
 as they are, whatever they become.
 """

@@ -45,9 +45,8 @@ __all__ = [
 ]
 
 #: events fetched per query: enough to amortise a PostgreSQL round trip, few enough that a page's rows
-#: and events stay in the CPU cache between fetch, decode and the fold's apply (measured with the fold of
-#: benchmarks/bench_replay.py against 2000: lean folds 20-25 % and full ones about 10 % less CPU per event
-#: on SQLite; on PostgreSQL 500 was the best of 250 to 5000)
+#: and events stay in the CPU cache between fetch, decode and the fold's apply (figures: benchmarks/README.md,
+#: "Why the code is as it is")
 PAGE = 500
 
 
@@ -63,8 +62,8 @@ def timestamp(value: float | datetime | None) -> float | None:
 
 
 def _pages(store: Store, where: HistoryFilter, after: int, limit: int | None, page: int) -> Iterator[list[Event]]:
-    # one page at a time, in the caller's thread: prefetching the next page in a helper thread was
-    # measured 15 % slower (the decoding in that thread fights the fold for the GIL)
+    # one page at a time, in the caller's thread: prefetching the next page in a helper thread is
+    # slower (the decoding in that thread fights the fold for the GIL; benchmarks/README.md)
     left = limit
     while left is None or left > 0:
         size = page if left is None else min(page, left)
