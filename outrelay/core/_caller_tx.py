@@ -21,7 +21,8 @@ _DRIVERS: tuple[tuple[str, Driver], ...] = (("sqlite3", "sqlite"), ("psycopg", "
 
 
 def driver(conn: Any) -> Driver | None:
-    """Which driver ``conn`` belongs to (by its class's module name), None for any other object."""
+    """Which driver ``conn`` belongs to (by its class's module name), None for any other object.
+    Also tells a driver's exceptions apart (``driver(exc) == "psycopg"``) without importing it."""
     mod = type(conn).__module__
     for prefix, kind in _DRIVERS:
         if mod.startswith(prefix):

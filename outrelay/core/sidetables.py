@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from outrelay.core._caller_tx import driver
 from outrelay.core.errors import StoreError
 
 __all__ = ["SideTable", "Wording", "side_table", "supports"]
@@ -117,7 +118,7 @@ def side_table(
     try:
         yield SideTable(conn, table, "%s", "BYTEA", "DOUBLE PRECISION")
     except Exception as exc:
-        if type(exc).__module__.startswith("psycopg"):
+        if driver(exc) == "psycopg":
             line = (str(exc).splitlines() or [""])[0]
             raise StoreError(wording.postgres.format(table=table, exc=exc, line=line)) from None
         raise
