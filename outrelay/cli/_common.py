@@ -42,6 +42,13 @@ ConfigOption = typer.Option(
     show_default=False,
 )
 
+
+def command_group(help: str) -> typer.Typer:
+    """A group of subcommands (``outrelay dlq``, ``outrelay audit``, ...): ``help`` is its
+    description; called without a subcommand it prints its help; no completion commands of its own."""
+    return typer.Typer(help=help, no_args_is_help=True, add_completion=False)
+
+
 _SECRET_KEYS = re.compile(r"(secret|password|passwd|token|key|credential|connection_string|sasl)", re.I)
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@", re.I)
 _KV_SECRET = re.compile(r"(?i)\b(SharedAccessKey|password|token|secret|AccountKey)=([^;&\s]+)")

@@ -21,7 +21,7 @@ from pathlib import Path
 import orjson
 import typer
 
-from outrelay.cli._common import ConfigOption, console, err_console, error_line, load, quiet_stdout
+from outrelay.cli._common import ConfigOption, command_group, console, err_console, error_line, load, quiet_stdout
 from outrelay.cli._validate import open_existing
 from outrelay.core import audit
 from outrelay.core.config import OutrelayConfig
@@ -30,11 +30,7 @@ from outrelay.core.errors import ConfigError, EventError
 
 __all__ = ["app"]
 
-app = typer.Typer(
-    help="Verify and export the tamper-evident audit chain ([audit] enabled = true).",
-    no_args_is_help=True,
-    add_completion=False,
-)
+app = command_group("Verify and export the tamper-evident audit chain ([audit] enabled = true).")
 
 #: the event type and stream of exported records (``--as-events``)
 EVENT_TYPE = "audit.security"

@@ -8,15 +8,13 @@ import orjson
 import typer
 
 from outrelay.cli import config_doc
-from outrelay.cli._common import console, err_console
+from outrelay.cli._common import command_group, console, err_console
 from outrelay.core.errors import ConfigError
 
 __all__ = ["app"]
 
-app = typer.Typer(
-    help="The configuration reference (docs/configuration.md) and JSON Schema, generated from the config models.",
-    no_args_is_help=True,
-    add_completion=False,
+app = command_group(
+    "The configuration reference (docs/configuration.md) and JSON Schema, generated from the config models."
 )
 
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import typer
 
 from outrelay.cli import audit
-from outrelay.cli._common import ConfigOption, console, load, mask, secrets_of
+from outrelay.cli._common import ConfigOption, command_group, console, load, mask, secrets_of
 from outrelay.cli._validate import open_existing
 from outrelay.core import cloudevents
 from outrelay.core.config import OutrelayConfig
@@ -21,13 +22,14 @@ from outrelay.core.consumer_dlq import ConsumerDeadLetters
 from outrelay.core.errors import ConfigError, NotFoundError
 from outrelay.plugins.crypto import reveal
 
+if TYPE_CHECKING:
+    from outrelay.core.stores.base import Store
+
 __all__ = ["app"]
 
-app = typer.Typer(
-    help="Inspect, replay and purge dead letters: the relay's (per destination) and, with --consumer, "
-    "the subscribers' (per consumer group or subscription).",
-    no_args_is_help=True,
-    add_completion=False,
+app = command_group(
+    "Inspect, replay and purge dead letters: the relay's (per destination) and, with --consumer, "
+    "the subscribers' (per consumer group or subscription)."
 )
 
 ConsumerOption = typer.Option(
@@ -81,41 +83,45 @@ def list_(
         return
     with open_existing(cfg) as outbox:
         rows = outbox.store.dead_letters(destination=destination, states=states, limit=limit)
-    docs = [{**r.summary(), "reason": mask(r.reason, secrets)} for r in rows]
-    if as_json:
-        console.print_json(orjson.dumps(docs).decode())
-        return
-    if not docs:
-        console.print("no dead letters", markup=False)
-        return
-    for d in docs:
-        console.print(
-            f"{d['id']:>6}  {d['state']:<8} {d['destination']:<12} {d['type']:<24} stream={d['stream']} "
-            f"attempts={d['attempts']} failed={_ts(d['failed_at'])}  {d['reason']}",
-            markup=False,
-            soft_wrap=True,
-        )
+    _print_rows(rows, secrets, as_json, "no dead letters", _relay_line)
+
+
+def _relay_line(d: dict[str, Any]) -> str:
+    return (
+        f"{d['id']:>6}  {d['state']:<8} {d['destination']:<12} {d['type']:<24} stream={d['stream']} "
+        f"attempts={d['attempts']} failed={_ts(d['failed_at'])}  {d['reason']}"
+    )
 
 
 def _list_consumer(cfg: OutrelayConfig, consumer: str, states: tuple[str, ...], limit: int, as_json: bool) -> None:
     with _consumers(cfg) as dlq:
         rows = dlq.entries(consumer=_consumer_filter(consumer), states=states, limit=limit)
-    secrets = secrets_of(cfg)
+    _print_rows(rows, secrets_of(cfg), as_json, "no consumer dead letters", _consumer_line)
+
+
+def _consumer_line(d: dict[str, Any]) -> str:
+    return (
+        f"{d['id']:>6}  {d['state']:<8} {d['consumer']:<16} {d['type'] or '(not an event)':<24} "
+        f"stream={d['stream']} attempts={d['attempts']} failed={_ts(d['failed_at'])} member={d['member']}  "
+        f"{d['reason']}"
+    )
+
+
+def _print_rows(
+    rows: Sequence[Any], secrets: list[str], as_json: bool, none: str, line: Callable[[dict[str, Any]], str]
+) -> None:
+    """Print dead letters ``rows`` (relay or consumer ones: each has ``summary()`` and ``reason``)
+    with their reasons masked: as one JSON array, else ``none`` when there are none, else
+    ``line(summary)`` for each, oldest first as given."""
     docs = [{**r.summary(), "reason": mask(r.reason, secrets)} for r in rows]
     if as_json:
         console.print_json(orjson.dumps(docs).decode())
         return
     if not docs:
-        console.print("no consumer dead letters", markup=False)
+        console.print(none, markup=False)
         return
     for d in docs:
-        console.print(
-            f"{d['id']:>6}  {d['state']:<8} {d['consumer']:<16} {d['type'] or '(not an event)':<24} "
-            f"stream={d['stream']} attempts={d['attempts']} failed={_ts(d['failed_at'])} member={d['member']}  "
-            f"{d['reason']}",
-            markup=False,
-            soft_wrap=True,
-        )
+        console.print(line(d), markup=False, soft_wrap=True)
 
 
 @app.command("show")
@@ -180,16 +186,43 @@ def replay(
     With --consumer, a running member of that consumer hands them to its handler again."""
     cfg = load(config)
     selected = _select(ids or [], all_)
+    n = _apply(
+        cfg,
+        "dlq.replay",
+        selected,
+        consumer,
+        destination,
+        lambda dlq, of: dlq.replay(selected, consumer=of),
+        lambda store: store.replay_dead(selected, destination=destination, now=time.time()),
+    )
+    if consumer is not None:
+        console.print(f"queued {n} consumer dead letter(s); a running member handles them again", markup=False)
+    else:
+        console.print(f"queued {n} dead letter(s) for delivery; a running relay picks them up", markup=False)
+
+
+def _apply(
+    cfg: OutrelayConfig,
+    action: str,
+    selected: list[int] | None,
+    consumer: str | None,
+    destination: str | None,
+    on_consumers: Callable[[ConsumerDeadLetters, str | None], int],
+    on_store: Callable[[Store], int],
+) -> int:
+    """Apply an operation to the ``selected`` dead letters and audit it as ``action``: with
+    ``consumer``, ``on_consumers(dead letters, consumer or None for 'all')`` on the consumer dead
+    letters, else ``on_store(store)`` on the relay's (of ``destination``, if given). Returns the
+    count it returned."""
     if consumer is not None:
         with _consumers(cfg) as dlq:
-            n = dlq.replay(selected, consumer=_consumer_filter(consumer))
-        audit.record(cfg, "dlq.replay", {"consumer": consumer, "ids": selected, "count": n})
-        console.print(f"queued {n} consumer dead letter(s); a running member handles them again", markup=False)
-        return
+            n = on_consumers(dlq, _consumer_filter(consumer))
+        audit.record(cfg, action, {"consumer": consumer, "ids": selected, "count": n})
+        return n
     with open_existing(cfg) as outbox:
-        n = outbox.store.replay_dead(selected, destination=destination, now=time.time())
-        audit.record(cfg, "dlq.replay", {"destination": destination, "ids": selected, "count": n}, outbox.store)
-    console.print(f"queued {n} dead letter(s) for delivery; a running relay picks them up", markup=False)
+        n = on_store(outbox.store)
+        audit.record(cfg, action, {"destination": destination, "ids": selected, "count": n}, outbox.store)
+    return n
 
 
 @app.command("purge")
@@ -210,13 +243,13 @@ def purge(
     if not yes:
         what = "ALL dead letters" if selected is None else f"{len(selected)} dead letter(s)"
         typer.confirm(f"Purge {what}{' of ' + of if of else ''}?", abort=True)
-    if consumer is not None:
-        with _consumers(cfg) as dlq:
-            n = dlq.purge(selected, consumer=_consumer_filter(consumer))
-        audit.record(cfg, "dlq.purge", {"consumer": consumer, "ids": selected, "count": n})
-        console.print(f"purged {n} consumer dead letter(s)", markup=False)
-        return
-    with open_existing(cfg) as outbox:
-        n = outbox.store.purge_dead(selected, destination=destination)
-        audit.record(cfg, "dlq.purge", {"destination": destination, "ids": selected, "count": n}, outbox.store)
-    console.print(f"purged {n} dead letter(s)", markup=False)
+    n = _apply(
+        cfg,
+        "dlq.purge",
+        selected,
+        consumer,
+        destination,
+        lambda dlq, of: dlq.purge(selected, consumer=of),
+        lambda store: store.purge_dead(selected, destination=destination),
+    )
+    console.print(f"purged {n} {'consumer ' if consumer is not None else ''}dead letter(s)", markup=False)

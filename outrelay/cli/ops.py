@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -46,11 +47,7 @@ def enable(
     config: Path | None = ConfigOption,
 ) -> None:
     """Re-enable a destination that was disabled (e.g. after a webhook answered 410 Gone)."""
-    cfg = load(config)
-    _known(cfg, destination)
-    with Outbox.open(cfg.outbox.url) as outbox:  # may precede the first run
-        outbox.store.set_disabled(destination, None, time.time())
-        audit.record(cfg, "enable", {"destination": destination}, outbox.store)
+    _set_disabled(config, destination, None)
     console.print(f"{destination}: enabled", markup=False)
 
 
@@ -60,12 +57,24 @@ def disable(
     config: Path | None = ConfigOption,
 ) -> None:
     """Stop delivering to a destination; its events stay pending until `outrelay enable`."""
+    _set_disabled(config, destination, reason)
+    console.print(f"{destination}: disabled ({reason})", markup=False)
+
+
+def _set_disabled(config: Path | None, destination: str, reason: str | None) -> None:
+    """Disable ``destination`` of the config at ``config`` for ``reason`` (None: enable it) and
+    audit it as ``disable``/``enable``; the outbox is opened (created) if need be, since this may
+    precede the first run.
+
+    :raises ConfigError: ``destination`` is not configured."""
     cfg = load(config)
     _known(cfg, destination)
-    with Outbox.open(cfg.outbox.url) as outbox:  # may precede the first run
+    with Outbox.open(cfg.outbox.url) as outbox:
         outbox.store.set_disabled(destination, reason, time.time())
-        audit.record(cfg, "disable", {"destination": destination, "reason": reason}, outbox.store)
-    console.print(f"{destination}: disabled ({reason})", markup=False)
+        if reason is None:
+            audit.record(cfg, "enable", {"destination": destination}, outbox.store)
+        else:
+            audit.record(cfg, "disable", {"destination": destination, "reason": reason}, outbox.store)
 
 
 def replay(
@@ -94,13 +103,14 @@ def replay(
             audit.record(cfg, "replay", done, outbox.store)
     if n == 0:  # asked for something that is not there: say so, and exit non-zero
         what = f"no such stream {stream!r} routed to {destination}" if stream else f"nothing routed to {destination}"
-        err_console.print(
-            f"outrelay: error: {what}{f' after sequence {after}' if after else ''}; nothing queued",
-            markup=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(1)
+        _nothing_queued(f"{what}{f' after sequence {after}' if after else ''}")
     console.print(f"queued {n} event(s) for {destination}; a running relay delivers them", markup=False)
+
+
+def _nothing_queued(why: str) -> NoReturn:
+    """End a replay that queued nothing: ``outrelay: error: <why>; nothing queued`` on stderr, exit 1."""
+    err_console.print(f"outrelay: error: {why}; nothing queued", markup=False, soft_wrap=True)
+    raise typer.Exit(1)
 
 
 def _check_upcasts(outbox: Outbox, stream: str | None, after: int) -> None:
@@ -166,12 +176,7 @@ def _replay_selected(
             done = {"destination": destination, "selection": what, "after": after, "count": n}
             audit.record(cfg, "replay", done, outbox.store)
     if n == 0:
-        err_console.print(
-            f"outrelay: error: none of the {p.count} event(s) of {what} is routed yet; nothing queued",
-            markup=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(1)
+        _nothing_queued(f"none of the {p.count} event(s) of {what} is routed yet")
     console.print(f"queued {n} event(s) of {what} for {destination}; a running relay delivers them", markup=False)
 
 

@@ -63,14 +63,7 @@ async def subscription_group_tasks(ctx: Context) -> None:
     sub = await Subscribing.open(ctx)
     group = sub.group("g")
     members = await asyncio.gather(*(sub.member(f"m{i}", group, hold=HOLD) for i in range(3)))
-    events = sub.events(48, 8)
-    await sub.publish(events)
-    await sub.until(members, _ids(events), sub.deliver, "events published after start() returned")
-    got = await _quiet(sub, members)
-    once(sub, got)
-    in_order(sub, got)
-    exclusive(sub, got)
-    faithful(sub, got)
+    faithful(sub, await _shared(sub, members, sub.events(48, 8)))
 
 
 @check
@@ -80,13 +73,22 @@ async def subscription_group_processes(ctx: Context) -> None:
     sub = await Subscribing.open(ctx, needs=("processes",))
     group = sub.group("g")
     members = await asyncio.gather(*(sub.process(f"p{i}", group, hold=HOLD) for i in range(2)))
-    events = sub.events(32, 8)
+    await _shared(sub, members, sub.events(32, 8))
+
+
+async def _shared(sub: Subscribing, members: Sequence[Member], events: list[Event]) -> list[Handling]:
+    """Publish ``events`` to the group of ``members`` (started): every one must be handed to them
+    within the delivery bound, once, each stream in order and to one member at a time. Returns
+    the handlings.
+
+    :raises CheckFailed: any of that does not hold."""
     await sub.publish(events)
     await sub.until(members, _ids(events), sub.deliver, "events published after start() returned")
     got = await _quiet(sub, members)
     once(sub, got)
     in_order(sub, got)
     exclusive(sub, got)
+    return got
 
 
 def _took(sub: Subscribing, held: set[str], got: Sequence[Handling], since: float) -> float:
@@ -108,6 +110,35 @@ def _in_time(sub: Subscribing, took: float, what: str) -> None:
         )
 
 
+async def _handed_over(
+    ctx: Context,
+    sub: Subscribing,
+    first: list[Event],
+    second: list[Event],
+    held: set[str],
+    gone: tuple[Member, float, str],
+    to: Member,
+    who: str,
+) -> None:
+    """After a member left (``gone``: it, when, and how: ``"killed"``/``"stopped"``) holding the
+    events ``held`` of ``first``: publish ``second``, then ``to`` (named ``who`` in messages) must
+    handle every event of both within the handover bound plus the read timeout, the held ones
+    within the handover bound, each once and each stream in order, and no two members may have
+    held one at a time.
+
+    :raises CheckFailed: any of that does not hold."""
+    left, left_at, how = gone
+    await sub.publish(second)
+    everything = _ids(first) | _ids(second)
+    wait = sub.handover + ctx.read_timeout
+    await sub.until([to], everything, wait, f"events (those the {how} member held included)")
+    got = await _quiet(sub, [to])
+    _in_time(sub, _took(sub, held, got, left_at), f"the last of the {len(held)} events the {how} member held")
+    once(sub, got)
+    in_order(sub, got, who)
+    exclusive(sub, sub.handlings(), gone={left.name: left_at})
+
+
 @check
 async def subscription_member_killed(ctx: Context) -> None:
     """A member process killed (SIGKILL) while holding unacked events: a live member is handed every one of them
@@ -126,15 +157,7 @@ async def subscription_member_killed(ctx: Context) -> None:
     survivor = await joining
     held = {h.id for h in sub.handlings([victim])}
     second = sub.events(12, 4)
-    await sub.publish(second)
-    everything = _ids(first) | _ids(second)
-    wait = sub.handover + ctx.read_timeout
-    await sub.until([survivor], everything, wait, "events (those the killed member held included)")
-    got = await _quiet(sub, [survivor])
-    _in_time(sub, _took(sub, held, got, killed_at), f"the last of the {len(held)} events the killed member held")
-    once(sub, got)
-    in_order(sub, got, "the survivor")
-    exclusive(sub, sub.handlings(), gone={victim.name: killed_at})
+    await _handed_over(ctx, sub, first, second, held, (victim, killed_at, "killed"), survivor, "the survivor")
 
 
 @check
@@ -159,16 +182,7 @@ async def subscription_stop_hands_over(ctx: Context) -> None:
         await guarded("ack() after stop()", a.unacked[0].ack(), ctx.timeout)
     except OutrelayError as exc:
         raise CheckFailed(f"ack() after stop() raised {type(exc).__name__}: {exc}; it must be ignored") from None
-    second = sub.events(8, 4)
-    await sub.publish(second)
-    everything = _ids(first) | _ids(second)
-    wait = sub.handover + ctx.read_timeout
-    await sub.until([b], everything, wait, "events (those the stopped member held included)")
-    got = await _quiet(sub, [b])
-    _in_time(sub, _took(sub, held, got, stopped_at), f"the last of the {len(held)} events the stopped member held")
-    once(sub, got)
-    in_order(sub, got, "the member that stayed")
-    exclusive(sub, sub.handlings(), gone={a.name: stopped_at})
+    await _handed_over(ctx, sub, first, sub.events(8, 4), held, (a, stopped_at, "stopped"), b, "the member that stayed")
 
 
 @check

@@ -69,8 +69,9 @@ class MemberHost(Protocol):
     stop_bound: float
 
 
-class TaskMember:
-    """A member driven by a task of this event loop (see the module docstring)."""
+class _Member:
+    """What both kinds of member keep: their check, spec and name (the spec's member), how long
+    each handling holds a message (``hold``), whether it acks (``ack``), and its handlings."""
 
     def __init__(self, sub: MemberHost, spec: SubscriptionSpec, *, hold: float, ack: bool) -> None:
         self.sub = sub
@@ -79,6 +80,13 @@ class TaskMember:
         self.hold = hold
         self.ack = ack
         self.handlings: list[Handling] = []
+
+
+class TaskMember(_Member):
+    """A member driven by a task of this event loop (see the module docstring)."""
+
+    def __init__(self, sub: MemberHost, spec: SubscriptionSpec, *, hold: float, ack: bool) -> None:
+        super().__init__(sub, spec, hold=hold, ack=ack)
         self.unacked: list[Inbound] = []  # what a member that does not ack holds
         self.failure: BaseException | None = None
         self.retried: RetryableError | None = None  # the last RetryableError of receive() (allowed; for messages)
@@ -163,19 +171,14 @@ class TaskMember:
         return self.handlings
 
 
-class ProcessMember:
+class ProcessMember(_Member):
     """A member in a child process (see the module docstring and :mod:`outrelay.conformance._member`)."""
 
     def __init__(self, sub: MemberHost, spec: SubscriptionSpec, *, hold: float, ack: bool) -> None:
-        self.sub = sub
-        self.spec = spec
-        self.name = spec.member
-        self.hold = hold
-        self.ack = ack
+        super().__init__(sub, spec, hold=hold, ack=ack)
         self.out = sub.ctx.tmp_path / f"{sub.ctx.unique}-{self.name}.jsonl"
         self.err = sub.ctx.tmp_path / f"{sub.ctx.unique}-{self.name}.stderr"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.handlings: list[Handling] = []
         self.killed = False
         self._read = 0
 

@@ -27,10 +27,11 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from outrelay.core._caller_tx import driver
 from outrelay.core.errors import ConfigError, NotFoundError, StoreError
 
 __all__ = ["ConsumerDeadLetter", "ConsumerDeadLetters"]
@@ -68,6 +69,24 @@ class ConsumerDeadLetter:
         return d
 
 
+@contextmanager
+def _db_errors(message: Callable[[BaseException], str], also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """Raise an error of the database drivers (sqlite3's, psycopg's) or of ``also`` in the block as
+    ``StoreError(message(exc))`` (no chained cause: a driver's text may hold the URL); a
+    StoreError and any other exception pass unchanged."""
+    caught: tuple[type[Exception], ...] = (sqlite3.Error, *also)
+    try:
+        yield
+    except caught as exc:
+        raise StoreError(message(exc)) from None
+    except StoreError:
+        raise
+    except Exception as exc:
+        if driver(exc) == "psycopg":  # psycopg's errors, without importing it when unused
+            raise StoreError(message(exc)) from None
+        raise
+
+
 class ConsumerDeadLetters:
     """The consumer dead-letter table in ``url`` (``sqlite:///FILE``,
     ``sqlite://:memory:`` or ``postgresql://...``). Thread-safe; blocking
@@ -77,7 +96,7 @@ class ConsumerDeadLetters:
         self.url = url
         self._lock = threading.Lock()
         self._pg = url.startswith(("postgresql:", "postgres:"))
-        try:
+        with _db_errors(lambda exc: f"consumer dead letters: cannot open {self._where()}: {exc}", also=(OSError,)):
             if self._pg:
                 try:
                     import psycopg
@@ -107,33 +126,18 @@ class ConsumerDeadLetters:
             with self._cursor() as cur:
                 cur.execute(ddl)
                 cur.execute(f"CREATE INDEX IF NOT EXISTS {_TABLE}_consumer ON {_TABLE} (consumer, state, id)")
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"consumer dead letters: cannot open {self._where()}: {exc}") from None
-        except StoreError:
-            raise
-        except Exception as exc:  # psycopg's errors, without importing it when unused
-            if type(exc).__module__.startswith("psycopg"):
-                raise StoreError(f"consumer dead letters: cannot open {self._where()}: {exc}") from None
-            raise
 
     def _where(self) -> str:
         return self.url.split("@")[-1]
 
     @contextmanager
     def _cursor(self) -> Iterator[Any]:
-        with self._lock:
+        with self._lock, _db_errors(lambda exc: f"consumer dead letters ({self._where()}): {exc}"):
+            cur = self._db.cursor()
             try:
-                cur = self._db.cursor()
-                try:
-                    yield cur
-                finally:
-                    cur.close()
-            except sqlite3.Error as exc:
-                raise StoreError(f"consumer dead letters ({self._where()}): {exc}") from None
-            except Exception as exc:
-                if type(exc).__module__.startswith("psycopg"):
-                    raise StoreError(f"consumer dead letters ({self._where()}): {exc}") from None
-                raise
+                yield cur
+            finally:
+                cur.close()
 
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s") if self._pg else sql

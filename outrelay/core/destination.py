@@ -22,7 +22,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -191,15 +191,7 @@ class DestinationWorker:
                 store_delay = 0.5
             except StoreError as exc:  # database down or locked: wait and try again, nothing is lost
                 self.last_error = str(exc)
-                log.warning(
-                    "destination %s: outbox unavailable (%s); retrying in %.1fs",
-                    self.name,
-                    exc,
-                    store_delay,
-                    extra={"destination": self.name, "error": str(exc)},
-                )
-                await self._sleep(store_delay)
-                store_delay = min(store_delay * 2, 30.0)
+                store_delay = await self._store_retry("outbox unavailable", exc, store_delay, self._sleep, 30.0)
 
     async def _step(self) -> None:
         """One pass of the claim loop: wait if paused, else claim a batch and start sending it."""
@@ -595,15 +587,24 @@ class DestinationWorker:
             except StoreError as exc:
                 if self.relay.stopping:
                     raise
-                log.warning(
-                    "destination %s: cannot settle a batch (%s); retrying in %.1fs",
-                    self.name,
-                    exc,
-                    delay,
-                    extra={"destination": self.name, "error": str(exc)},
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                delay = await self._store_retry("cannot settle a batch", exc, delay, asyncio.sleep, 10.0)
+
+    async def _store_retry(
+        self, what: str, exc: StoreError, delay: float, sleep: Callable[[float], Awaitable[None]], cap: float
+    ) -> float:
+        """After the outbox failed with ``exc``: log ``destination <name>: <what> (<exc>); retrying in
+        <delay>s``, wait ``delay`` seconds with ``sleep``, and return the next delay (twice this one,
+        at most ``cap``)."""
+        log.warning(
+            "destination %s: %s (%s); retrying in %.1fs",
+            self.name,
+            what,
+            exc,
+            delay,
+            extra={"destination": self.name, "error": str(exc)},
+        )
+        await sleep(delay)
+        return min(delay * 2, cap)
 
     async def _send(self, messages: list[Message], progress: Progress) -> tuple[Sequence[SendResult], bool]:
         """Send one batch under ``attempt_timeout`` (``progress.deadline``); every failure becomes

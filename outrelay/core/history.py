@@ -40,13 +40,13 @@ __all__ = [
     "read_stream",
     "read_stream_pages",
     "scan",
+    "scan_where",
     "timestamp",
 ]
 
 #: events fetched per query: enough to amortise a PostgreSQL round trip, few enough that a page's rows
-#: and events stay in the CPU cache between fetch, decode and the fold's apply (measured with the fold of
-#: benchmarks/bench_replay.py against 2000: lean folds 20-25 % and full ones about 10 % less CPU per event
-#: on SQLite; on PostgreSQL 500 was the best of 250 to 5000)
+#: and events stay in the CPU cache between fetch, decode and the fold's apply (figures: benchmarks/README.md,
+#: "Why the code is as it is")
 PAGE = 500
 
 
@@ -62,8 +62,8 @@ def timestamp(value: float | datetime | None) -> float | None:
 
 
 def _pages(store: Store, where: HistoryFilter, after: int, limit: int | None, page: int) -> Iterator[list[Event]]:
-    # one page at a time, in the caller's thread: prefetching the next page in a helper thread was
-    # measured 15 % slower (the decoding in that thread fights the fold for the GIL)
+    # one page at a time, in the caller's thread: prefetching the next page in a helper thread is
+    # slower (the decoding in that thread fights the fold for the GIL; benchmarks/README.md)
     left = limit
     while left is None or left > 0:
         size = page if left is None else min(page, left)
@@ -104,6 +104,21 @@ def scan(
     process-wide registry; pass an empty :class:`~outrelay.core.upcasting.Upcasters` to read
     events as stored)."""
     where = HistoryFilter(stream, tuple(types), tenant, timestamp(since), timestamp(until))
+    yield from scan_where(store, where, after=after, limit=limit, upcasters=upcasters, page=page)
+
+
+def scan_where(
+    store: Store,
+    where: HistoryFilter,
+    *,
+    after: int = 0,
+    limit: int | None = None,
+    upcasters: Upcasters | None = None,
+    page: int = PAGE,
+) -> Iterator[Event]:
+    """:func:`scan` of a selection already made: the events ``where`` selects (its time
+    bounds in Unix seconds), in sequence order, from ``after`` (exclusive), at most
+    ``limit``, upcast with ``upcasters`` (default: the process-wide registry)."""
     up = _upcaster(upcasters)
     for batch in _pages(store, where, after, limit, page):
         if up:

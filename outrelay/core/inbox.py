@@ -29,6 +29,7 @@ import re
 import time
 from typing import Any
 
+from outrelay.core._caller_tx import Driver, arun, driver, run
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError
 
@@ -49,14 +50,10 @@ class Inbox:
     # -- dialect plumbing ---------------------------------------------------
 
     @staticmethod
-    def _kind(conn: Any) -> str:
-        mod = type(conn).__module__
-        if mod.startswith("sqlite3"):
-            return "sqlite"
-        if mod.startswith("psycopg"):
-            return "psycopg"
-        if mod.startswith("sqlalchemy"):
-            return "sqlalchemy"
+    def _kind(conn: Any) -> Driver:
+        kind = driver(conn)
+        if kind is not None:
+            return kind
         raise ConfigError(
             f"Inbox: unsupported connection {type(conn).__name__}; "
             "use sqlite3, psycopg or a SQLAlchemy Session/Connection"
@@ -78,7 +75,7 @@ class Inbox:
     def create_table(self, conn: Any) -> None:
         """Create the inbox table if it does not exist (in ``conn``'s transaction)."""
         kind = self._kind(conn)
-        self._execute(kind, conn, self._ddl(), ())
+        run(kind, conn, self._ddl(), ())
 
     def claim(self, conn: Any, event: Event | str) -> bool:
         """Record ``event`` as handled in ``conn``'s open transaction.
@@ -88,45 +85,21 @@ class Inbox:
         """
         kind = self._kind(conn)
         event_id = event.id if isinstance(event, Event) else event
-        return self._execute(kind, conn, self._insert(), (self.consumer, event_id, time.time())) == 1
+        return int(run(kind, conn, self._insert(), (self.consumer, event_id, time.time()))) == 1
 
     def handled(self, conn: Any, event: Event | str) -> bool:
         """Whether ``event`` was recorded (read only)."""
         kind = self._kind(conn)
         event_id = event.id if isinstance(event, Event) else event
         sql = f"SELECT 1 FROM {self.table} WHERE consumer = %s AND event_id = %s"
-        return self._fetch(kind, conn, sql, (self.consumer, event_id)) is not None
+        return run(kind, conn, sql, (self.consumer, event_id), first=True) is not None
 
     def prune(self, conn: Any, older_than: float) -> int:
         """Delete ids handled before ``older_than`` (Unix seconds); keep them longer than
         any redelivery can take (the broker's retention). Returns the count."""
         kind = self._kind(conn)
         sql = f"DELETE FROM {self.table} WHERE consumer = %s AND handled_at < %s"
-        return self._execute(kind, conn, sql, (self.consumer, older_than))
-
-    def _execute(self, kind: str, conn: Any, sql: str, args: tuple[Any, ...]) -> int:
-        if kind == "sqlite":
-            return int(conn.execute(sql.replace("%s", "?"), args).rowcount)
-        if kind == "psycopg":
-            with conn.cursor() as cur:
-                cur.execute(sql, args)
-                return int(cur.rowcount)
-        from sqlalchemy import text
-
-        stmt, params = _named(sql, args)
-        return int(conn.execute(text(stmt), params).rowcount)
-
-    def _fetch(self, kind: str, conn: Any, sql: str, args: tuple[Any, ...]) -> Any:
-        if kind == "sqlite":
-            return conn.execute(sql.replace("%s", "?"), args).fetchone()
-        if kind == "psycopg":
-            with conn.cursor() as cur:
-                cur.execute(sql, args)
-                return cur.fetchone()
-        from sqlalchemy import text
-
-        stmt, params = _named(sql, args)
-        return conn.execute(text(stmt), params).first()
+        return int(run(kind, conn, sql, (self.consumer, older_than)))
 
     # -- async --------------------------------------------------------------
 
@@ -140,24 +113,10 @@ class Inbox:
         return await self._aexecute(conn, self._insert(), (self.consumer, event_id, time.time())) == 1
 
     async def _aexecute(self, conn: Any, sql: str, args: tuple[Any, ...]) -> int:
-        kind = self._kind(conn)
-        if kind == "psycopg":
-            async with conn.cursor() as cur:
-                await cur.execute(sql, args)
-                return int(cur.rowcount)
-        if kind == "sqlalchemy":
-            from sqlalchemy import text
-
-            stmt, params = _named(sql, args)
-            return int((await conn.execute(text(stmt), params)).rowcount)
+        count = await arun(self._kind(conn), conn, sql, args)
+        if count is not None:
+            return count
         raise ConfigError("Inbox.aclaim takes an async connection (psycopg AsyncConnection or SQLAlchemy async)")
 
     def __repr__(self) -> str:
         return f"<Inbox consumer={self.consumer!r} table={self.table!r}>"
-
-
-def _named(sql: str, args: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
-    """``%s`` placeholders -> SQLAlchemy ``:p0, :p1`` named parameters."""
-    parts = sql.split("%s")
-    out = parts[0] + "".join(f":p{i}{rest}" for i, rest in enumerate(parts[1:]))
-    return out, {f"p{i}": a for i, a in enumerate(args)}

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from outrelay.core.errors import NotFoundError, UsageError
-from outrelay.core.history import scan
+from outrelay.core.history import scan_where
 from outrelay.core.stores.base import HistoryFilter
 from outrelay.core.upcasting import Upcasters
 
@@ -72,16 +72,7 @@ def plan(store: Store, where: HistoryFilter, *, after: int = 0, upcasters: Upcas
         raise UsageError(f"the time range [{_iso(where.since)}, {_iso(where.until)}) is empty; --since must be earlier")
     by_type: Counter[str] = Counter()
     first = last = 0
-    for event in scan(
-        store,
-        stream=where.stream,
-        types=where.types,
-        tenant=where.tenant,
-        since=where.since,
-        until=where.until,
-        after=after,
-        upcasters=upcasters,
-    ):
+    for event in scan_where(store, where, after=after, upcasters=upcasters):
         by_type[event.type] += 1
         last = event.sequence or last
         first = first or last
@@ -123,17 +114,7 @@ def requeue(
             if ahead > 0:
                 time.sleep(ahead)
 
-    for event in scan(
-        store,
-        stream=where.stream,
-        types=where.types,
-        tenant=where.tenant,
-        since=where.since,
-        until=where.until,
-        after=after,
-        upcasters=raw,
-        page=size,
-    ):
+    for event in scan_where(store, where, after=after, upcasters=raw, page=size):
         batch.append(event.sequence or 0)
         if len(batch) >= size:
             flush()

@@ -17,13 +17,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from outrelay.core._caller_tx import driver
 from outrelay.core.errors import StoreError
 
-__all__ = ["SideTable", "side_table", "supports"]
+__all__ = ["SideTable", "Wording", "side_table", "supports"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,14 +58,36 @@ def supports(url: str) -> bool:
     return url.startswith(("sqlite:///", "postgresql:", "postgres:", "postgresql+"))
 
 
+@dataclasses.dataclass(frozen=True)
+class Wording:
+    """How :func:`side_table` words its errors, for a feature that words them its own way.
+
+    ``cannot_open`` (``{path}``, ``{exc}``) and ``sqlite`` (``{path}``, ``{name}``, ``{exc}``)
+    for SQLite; ``postgres`` (``{table}``, ``{exc}``, ``{line}``: the error's first line) for a
+    statement that failed on PostgreSQL; ``where(url)`` names the outbox when it cannot be
+    connected to.
+    """
+
+    cannot_open: str = "cannot open the SQLite outbox {path!r}: {exc}"
+    sqlite: str = "table outrelay_{name} of the SQLite outbox {path!r}: {exc}"
+    postgres: str = "table {table} of the PostgreSQL outbox: {line}"
+    where: Callable[[str], str] | None = None  # None: the URL without its password
+
+
+#: the wording of side tables' errors (:func:`side_table`'s default)
+TABLE_WORDING = Wording()
+
+
 @contextlib.contextmanager
-def side_table(url: str, name: str, *, create: bool) -> Iterator[SideTable | None]:
+def side_table(
+    url: str, name: str, *, create: bool, timeout: float = 10, wording: Wording = TABLE_WORDING
+) -> Iterator[SideTable | None]:
     """A connection to the outbox database at ``url`` and its table ``outrelay_<name>``
     (PostgreSQL: ``<prefix><name>`` in the outbox's schema), closed after; None for a
     store other than SQLite or PostgreSQL, and (without ``create``) for a SQLite file
-    that does not exist.
+    that does not exist. A SQLite connection waits up to ``timeout`` seconds for a lock.
 
-    :raises StoreError: the database cannot be opened or a statement failed.
+    :raises StoreError: the database cannot be opened or a statement failed (as ``wording`` says).
     """
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///") :]
@@ -72,13 +95,13 @@ def side_table(url: str, name: str, *, create: bool) -> Iterator[SideTable | Non
             yield None
             return
         try:
-            db = sqlite3.connect(path, timeout=10, isolation_level=None)
+            db = sqlite3.connect(path, timeout=timeout, isolation_level=None)
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the SQLite outbox {path!r}: {exc}") from None
+            raise StoreError(wording.cannot_open.format(path=path, exc=exc)) from None
         try:
             yield SideTable(db, f'"outrelay_{name}"', "?", "BLOB", "REAL")
         except sqlite3.Error as exc:
-            raise StoreError(f"table outrelay_{name} of the SQLite outbox {path!r}: {exc}") from None
+            raise StoreError(wording.sqlite.format(path=path, name=name, exc=exc)) from None
         finally:
             db.close()
         return
@@ -90,13 +113,14 @@ def side_table(url: str, name: str, *, create: bool) -> Iterator[SideTable | Non
 
     conninfo, opts = parse_url(url, {})
     Names(opts["schema"], opts["prefix"])  # validates both as identifiers
-    conn = connect(conninfo, redact(url))
+    conn = connect(conninfo, (wording.where or redact)(url))
     table = f'"{opts["schema"]}"."{opts["prefix"]}{name}"'
     try:
         yield SideTable(conn, table, "%s", "BYTEA", "DOUBLE PRECISION")
     except Exception as exc:
-        if type(exc).__module__.startswith("psycopg"):
-            raise StoreError(f"table {table} of the PostgreSQL outbox: {str(exc).splitlines()[0]}") from None
+        if driver(exc) == "psycopg":
+            line = (str(exc).splitlines() or [""])[0]
+            raise StoreError(wording.postgres.format(table=table, exc=exc, line=line)) from None
         raise
     finally:
         conn.close()

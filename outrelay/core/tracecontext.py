@@ -35,7 +35,7 @@ from contextlib import AbstractContextManager
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from outrelay.core._copy import copier
+from outrelay.core._draft import copier
 from outrelay.core.envelope import Event
 from outrelay.core.errors import MissingExtraError, UsageError
 

@@ -28,11 +28,12 @@ import sqlite3
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
+from contextlib import AbstractContextManager
 from typing import Any
 
 from outrelay.core.errors import StoreError
 from outrelay.core.routing import UNROUTED_REASONS, Router
+from outrelay.core.sidetables import SideTable, Wording, side_table
 
 __all__ = ["UnroutedReport", "read_unrouted"]
 
@@ -48,8 +49,15 @@ _DDL = (
     "first_at DOUBLE PRECISION NOT NULL, last_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (reason, type))"
 )
 _UPSERT = (
-    "INSERT INTO {t} (reason, type, count, first_at, last_at) VALUES ({v}) ON CONFLICT (reason, type) "
+    "INSERT INTO {t} (reason, type, count, first_at, last_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (reason, type) "
     "DO UPDATE SET count = {t}.count + excluded.count, last_at = excluded.last_at"
+)
+#: the table's errors as they were worded before it was a side table
+_WORDING = Wording(
+    cannot_open="cannot open {path!r}: {exc}",
+    sqlite="unrouted counts in {path!r}: {exc}",
+    postgres="unrouted counts in the PostgreSQL outbox: {exc}",
+    where=lambda url: url.split("@")[-1],
 )
 
 
@@ -118,13 +126,12 @@ def add_unrouted(url: str, counts: Mapping[tuple[str, str], int], now: float) ->
 
     :raises StoreError: the database failed.
     """
-    with _connect(url, create=True) as (db, table, mark):
-        if db is None:
+    with _connect(url, create=True) as t:
+        if t is None:
             return
-        db.execute(_DDL.format(t=table))
-        upsert = _UPSERT.format(t=table, v=", ".join([mark] * 5))
+        t.execute(_DDL)
         for (reason, type_), n in sorted(counts.items()):
-            db.execute(upsert, (reason, type_, n, now, now))
+            t.execute(_UPSERT, (reason, type_, n, now, now))
 
 
 def read_unrouted(url: str) -> dict[str, dict[str, Any]] | None:
@@ -134,17 +141,12 @@ def read_unrouted(url: str) -> dict[str, dict[str, Any]] | None:
 
     :raises StoreError: the database failed.
     """
-    with _connect(url, create=False) as (db, table, _):
-        if db is None:
+    with _connect(url, create=False) as t:
+        if t is None:
             return None
-        exists = (
-            db.execute(f"SELECT to_regclass('{table}')").fetchone()[0] is not None
-            if not isinstance(db, sqlite3.Connection)
-            else db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone() is not None
-        )
-        if not exists:
+        if not t.exists():
             return {}
-        rows = db.execute(f"SELECT reason, type, count, last_at FROM {table} ORDER BY reason, type").fetchall()
+        rows = t.execute("SELECT reason, type, count, last_at FROM {t} ORDER BY reason, type").fetchall()
     out: dict[str, dict[str, Any]] = {}
     for reason, type_, count, last_at in rows:
         entry = out.setdefault(reason, {"count": 0, "types": {}, "last_at": 0.0})
@@ -154,40 +156,6 @@ def read_unrouted(url: str) -> dict[str, dict[str, Any]] | None:
     return out
 
 
-@contextlib.contextmanager
-def _connect(url: str, *, create: bool) -> Any:
-    """``(connection, table, placeholder)`` for ``url``, committed and closed after; a store
-    other than SQLite or PostgreSQL gives ``(None, "", "")``."""
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///") :]
-        if not create and not Path(path).exists():
-            yield None, "", ""
-            return
-        try:
-            db = sqlite3.connect(path, timeout=5, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open {path!r}: {exc}") from None
-        try:
-            yield db, "outrelay_unrouted_counts", "?"
-        except sqlite3.Error as exc:
-            raise StoreError(f"unrouted counts in {path!r}: {exc}") from None
-        finally:
-            db.close()
-        return
-    if not url.startswith(("postgresql:", "postgres:")):
-        yield None, "", ""
-        return
-    from outrelay.core.stores.postgres_pool import connect, parse_url
-    from outrelay.core.stores.postgres_schema import Names
-
-    conninfo, opts = parse_url(url, {})
-    Names(opts["schema"], opts["prefix"])  # validates both as identifiers
-    conn = connect(conninfo, url.split("@")[-1])
-    try:
-        yield conn, f'"{opts["schema"]}"."{opts["prefix"]}unrouted_counts"', "%s"
-    except Exception as exc:
-        if type(exc).__module__.startswith("psycopg"):
-            raise StoreError(f"unrouted counts in the PostgreSQL outbox: {exc}") from None
-        raise
-    finally:
-        conn.close()
+def _connect(url: str, *, create: bool) -> AbstractContextManager[SideTable | None]:
+    """The counts' side table of the outbox at ``url`` (see :func:`side_table`), worded as before."""
+    return side_table(url, "unrouted_counts", create=create, timeout=5, wording=_WORDING)

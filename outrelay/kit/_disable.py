@@ -17,9 +17,6 @@ stay pending until an operator runs ``outrelay enable``), and from
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 from outrelay.core.errors import OutrelayError
 from outrelay.core.transport import Rejected, SendResult
 from outrelay.kit._errors import ErrorMap, Kind, Match, Rule
@@ -64,16 +61,6 @@ class DisablingErrorMap(ErrorMap):
             return Rejected(self.message(exc, what), disable_destination=True)
         return super().result(exc, what)
 
-    @contextlib.contextmanager
-    def boundary(self, what: str = "", *, destination: str | None = None) -> Iterator[None]:
-        """As :meth:`ErrorMap.boundary`; without the vendor exception as ``__cause__`` when ``chain`` is off."""
-        if self.chain:
-            with super().boundary(what, destination=destination):
-                yield
-            return
-        try:
-            yield
-        except OutrelayError:
-            raise
-        except Exception as exc:
-            raise self.error(exc, what, destination=destination) from None
+    def _cause(self, exc: BaseException) -> BaseException | None:
+        """``exc``, or None with ``chain=False`` (see the class docstring)."""
+        return exc if self.chain else None

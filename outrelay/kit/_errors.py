@@ -142,7 +142,11 @@ class ErrorMap:
         except OutrelayError:
             raise
         except Exception as exc:
-            raise self.error(exc, what, destination=destination) from exc
+            raise self.error(exc, what, destination=destination) from self._cause(exc)
+
+    def _cause(self, exc: BaseException) -> BaseException | None:
+        """What :meth:`boundary` chains its error to (its ``__cause__``): ``exc``."""
+        return exc
 
     def __repr__(self) -> str:
         return f"<ErrorMap {len(self.rules)} rules, default={self.default!r}>"

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
+from outrelay.core._draft import builder
 from outrelay.core.cloudevents import from_attributes, from_structured, is_structured
 from outrelay.core.envelope import Event
 from outrelay.core.reading import Received
@@ -75,8 +76,7 @@ def event_from_record(attributes: Mapping[str, str], body: bytes, content_type: 
 _FIELDS = ("event", "target", "key", "headers", "body", "content_type")
 if tuple(f.name for f in dataclasses.fields(Received)) != _FIELDS:  # pragma: no cover - Received changed
     raise ImportError(f"outrelay.kit.received fills Received's fields {_FIELDS}; Received changed: update it")
-_new = object.__new__
-_PUT_EVENT, _PUT_TARGET, _PUT_KEY, _PUT_HEADERS, _PUT_BODY, _PUT_CTYPE = (Received.__dict__[f].__set__ for f in _FIELDS)
+_build = builder(Received)
 
 
 def received(
@@ -86,14 +86,8 @@ def received(
 
     For a consumer's per-record path: a frozen dataclass's ``__init__`` sets each field through
     ``object.__setattr__``, which costs as much again as decoding the headers. The fields are
-    filled directly here (the kit owns that knowledge, checked against :class:`Received` at import),
-    so a transport never reaches into the layout itself. Nothing is validated, as with the constructor.
+    filled by a generated builder (:func:`outrelay.core._draft.builder`; the field order is checked
+    against :class:`Received` at import), so a transport never reaches into the layout itself.
+    Nothing is validated, as with the constructor.
     """
-    r = _new(Received)
-    _PUT_EVENT(r, event)
-    _PUT_TARGET(r, target)
-    _PUT_KEY(r, key)
-    _PUT_HEADERS(r, headers)
-    _PUT_BODY(r, body)
-    _PUT_CTYPE(r, content_type)
-    return r
+    return _build(event, target, key, headers, body, content_type)

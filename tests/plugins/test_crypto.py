@@ -16,7 +16,7 @@ import pytest
 
 from outrelay import Event, EventBus, Outbox, Relay, parse_config
 from outrelay.core import cloudevents
-from outrelay.core._copy import copier
+from outrelay.core._draft import copier
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.consumer_dlq import ConsumerDeadLetters
 from outrelay.core.errors import ConfigError, EventError, MissingExtraError

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import hmac
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
@@ -22,6 +22,7 @@ from outrelay.core.stores.base import Claimed, Settlement
 __all__ = [
     "GENESIS",
     "AuditKey",
+    "AuditReads",
     "AuditRecord",
     "Chain",
     "Entry",
@@ -58,6 +59,45 @@ class AuditRecord:
         except orjson.JSONDecodeError:
             details = self.details
         return {**dataclasses.asdict(self), "details": details}
+
+
+#: the audit table's columns, in :class:`AuditRecord`'s order
+COLUMNS = "seq, at, kind, actor, details, prev_hash, hash, mac"
+
+
+class AuditReads:
+    """The reads of a store's audit chain, one text for both SQL stores: :meth:`audit_page` and
+    :meth:`audit_last` run through the store's ``_q`` on the table :meth:`_audit_table` names,
+    with ``_mark`` (``?`` or ``%s``) as the parameter placeholder."""
+
+    _mark: ClassVar[str]
+
+    if TYPE_CHECKING:
+
+        def _q(self, sql: str, args: Sequence[Any] = ()) -> list[Any]: ...
+
+    def _audit_table(self) -> str:
+        """The audit table's (qualified) name."""
+        raise NotImplementedError
+
+    def _audit_insert(self) -> str:
+        """The statement that appends one record (its columns in :class:`AuditRecord`'s order)."""
+        return f"INSERT INTO {self._audit_table()} ({COLUMNS}) VALUES ({', '.join([self._mark] * 8)})"
+
+    def audit_page(self, after: int, limit: int) -> list[AuditRecord]:
+        """Records with ``seq > after`` in seq order, at most ``limit``."""
+        t, p = self._audit_table(), self._mark
+        rows = self._q(f"SELECT {COLUMNS} FROM {t} WHERE seq > {p} ORDER BY seq LIMIT {p}", (after, limit))
+        return [AuditRecord(*r) for r in rows]
+
+    def audit_last(self, kind: str | None = None) -> AuditRecord | None:
+        """The newest record (of ``kind``, if given), or None."""
+        t, p = self._audit_table(), self._mark
+        if kind is None:
+            rows = self._q(f"SELECT {COLUMNS} FROM {t} ORDER BY seq DESC LIMIT 1")
+        else:
+            rows = self._q(f"SELECT {COLUMNS} FROM {t} WHERE kind = {p} ORDER BY seq DESC LIMIT 1", (kind,))
+        return AuditRecord(*rows[0]) if rows else None
 
 
 class AuditKey:

@@ -16,15 +16,13 @@ A store that lacks these methods (a third-party one) is detected with
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+from outrelay.core.stores.postgres_ops import PostgresParts
+from outrelay.core.stores.sqlite_ops import SQLiteParts
 
 if TYPE_CHECKING:
     import psycopg
-
-    from outrelay.core.stores.postgres_schema import Names
 
     Cursor = psycopg.Cursor[Any]
 
@@ -69,15 +67,8 @@ _STUCK = (
 _RETRY = "UPDATE {lanes} SET due_at = {p} WHERE destination = {p} AND {not_parked} AND owner IS NULL AND due_at > {p}"
 
 
-class SQLiteLanesMixin:
+class SQLiteLanesMixin(SQLiteParts):
     """Needs ``_tx`` and ``_q`` from :class:`~outrelay.core.stores.sqlite.SQLiteStore`."""
-
-    if TYPE_CHECKING:
-
-        def _tx(
-            self, mode: str = "IMMEDIATE", *, relaxed: bool = False
-        ) -> AbstractContextManager[sqlite3.Connection]: ...
-        def _q(self, sql: str, args: Sequence[Any] = ()) -> list[Any]: ...
 
     def stuck_streams(self, destination: str, *, limit: int = 20) -> list[StuckStream]:
         """Lanes of ``destination`` waiting for a retry, soonest first (at most ``limit``)."""
@@ -96,14 +87,8 @@ class SQLiteLanesMixin:
             return db.execute(sql, args).rowcount
 
 
-class PostgresLanesMixin:
+class PostgresLanesMixin(PostgresParts):
     """Needs ``n`` (table names) and ``_run`` from :class:`~outrelay.core.stores.postgres.PostgresStore`."""
-
-    n: Names
-
-    if TYPE_CHECKING:
-
-        def _run(self, fn: Callable[[Cursor], T], *, reconnect: bool = True) -> T: ...
 
     def stuck_streams(self, destination: str, *, limit: int = 20) -> list[StuckStream]:
         """See :meth:`SQLiteLanesMixin.stuck_streams`."""

@@ -35,7 +35,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -248,25 +248,27 @@ class PostgresStore(
     # -- application side ---------------------------------------------------------
 
     def append(self, events: Sequence[Event], conn: Any = None) -> list[Event]:
-        try:
+        with self._append_errors():
             if conn is not None:
                 return append_sync(conn, events, self.n, self.notify)
             with self._pool.connection() as own, own.transaction():
                 return append_sync(own, events, self.n, self.notify)
-        except StoreError:
-            raise
-        except Exception as exc:
-            if isinstance(exc, psycopg.Error) or _is_db_error(exc):
-                raise map_append_error(exc, self.n, self.where) from None
-            raise
 
     async def aappend(self, events: Sequence[Event], conn: Any = None) -> list[Event]:
         """Append through an async connection (``psycopg.AsyncConnection``,
         SQLAlchemy ``AsyncSession``/``AsyncConnection``) in its transaction."""
         if conn is None:
             return await super().aappend(events)
-        try:
+        with self._append_errors():
             return await append_async(conn, events, self.n, self.notify)
+
+    @contextlib.contextmanager
+    def _append_errors(self) -> Iterator[None]:
+        """Around an append: a database error (psycopg's, or a driver's that wraps one, such as
+        SQLAlchemy's) is raised as the outrelay error :func:`map_append_error` gives; a
+        :class:`StoreError` and any other exception pass through unchanged."""
+        try:
+            yield
         except StoreError:
             raise
         except Exception as exc:

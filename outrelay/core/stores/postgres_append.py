@@ -18,13 +18,14 @@ marks the caller's transaction failed, so the caller must roll back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
 import psycopg
 from psycopg.rows import tuple_row
 
+from outrelay.core._caller_tx import driver
 from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError, StoreError
 from outrelay.core.stores.postgres_schema import Names
@@ -81,8 +82,23 @@ def _with_seqs(events: Sequence[Event], pairs: dict[str, int]) -> list[Event]:
     return [e.replace(sequence=int(pairs[e.id])) for e in events]
 
 
-def _is_sqlalchemy(conn: Any) -> bool:
-    return type(conn).__module__.split(".", 1)[0] == "sqlalchemy"
+def _statements(rows: list[tuple[Any, ...]], n: Names, notify: bool, *, sqlalchemy: bool) -> Iterator[tuple[Any, Any]]:
+    """One ``(statement, parameters)`` per chunk of ``rows``: SQL with ``%s`` placeholders and a
+    list, or (``sqlalchemy``) a ``text()`` clause and named parameters. Each returns ``(id, seq)``
+    rows."""
+    if sqlalchemy:
+        from sqlalchemy import text
+
+        for chunk in _chunks(rows):
+            yield text(_sql(n, len(chunk), notify, named=True)), _named(chunk, n, notify)
+    else:
+        for chunk in _chunks(rows):
+            yield _sql(n, len(chunk), notify, named=False), _positional(chunk, n, notify)
+
+
+def _refused(conn: Any, method: str, takes: str, hint: str = "") -> StoreError:
+    """The error for an append given a connection it cannot use."""
+    return StoreError(f"{method}(conn=...) on a PostgreSQL outbox takes a {takes}, got {type(conn).__name__}{hint}")
 
 
 def append_sync(conn: Any, events: Sequence[Event], n: Names, notify: bool) -> list[Event]:
@@ -91,20 +107,15 @@ def append_sync(conn: Any, events: Sequence[Event], n: Names, notify: bool) -> l
     pairs: dict[str, int] = {}
     if isinstance(conn, psycopg.Connection):
         with conn.cursor(row_factory=tuple_row) as cur:  # whatever row factory the application set
-            for chunk in _chunks(rows):
-                cur.execute(_sql(n, len(chunk), notify, named=False), _positional(chunk, n, notify))
+            for sql, args in _statements(rows, n, notify, sqlalchemy=False):
+                cur.execute(sql, args)
                 pairs.update(cur.fetchall())
-    elif _is_sqlalchemy(conn) and hasattr(conn, "execute"):
-        from sqlalchemy import text
-
-        for chunk in _chunks(rows):
-            result = conn.execute(text(_sql(n, len(chunk), notify, named=True)), _named(chunk, n, notify))
-            pairs.update((r[0], r[1]) for r in result.all())
+    elif driver(conn) == "sqlalchemy" and hasattr(conn, "execute"):
+        for stmt, params in _statements(rows, n, notify, sqlalchemy=True):
+            pairs.update((r[0], r[1]) for r in conn.execute(stmt, params).all())
     else:
-        raise StoreError(
-            "append(conn=...) on a PostgreSQL outbox takes a psycopg.Connection or a SQLAlchemy Session/Connection, "
-            f"got {type(conn).__name__} (async connections go to Outbox.aappend)"
-        )
+        takes = "psycopg.Connection or a SQLAlchemy Session/Connection"
+        raise _refused(conn, "append", takes, " (async connections go to Outbox.aappend)")
     return _with_seqs(events, pairs)
 
 
@@ -114,20 +125,14 @@ async def append_async(conn: Any, events: Sequence[Event], n: Names, notify: boo
     pairs: dict[str, int] = {}
     if isinstance(conn, psycopg.AsyncConnection):
         async with conn.cursor(row_factory=tuple_row) as cur:
-            for chunk in _chunks(rows):
-                await cur.execute(_sql(n, len(chunk), notify, named=False), _positional(chunk, n, notify))
+            for sql, args in _statements(rows, n, notify, sqlalchemy=False):
+                await cur.execute(sql, args)
                 pairs.update(await cur.fetchall())
-    elif _is_sqlalchemy(conn) and hasattr(conn, "execute"):
-        from sqlalchemy import text
-
-        for chunk in _chunks(rows):
-            result = await conn.execute(text(_sql(n, len(chunk), notify, named=True)), _named(chunk, n, notify))
-            pairs.update((r[0], r[1]) for r in result.all())
+    elif driver(conn) == "sqlalchemy" and hasattr(conn, "execute"):
+        for stmt, params in _statements(rows, n, notify, sqlalchemy=True):
+            pairs.update((r[0], r[1]) for r in (await conn.execute(stmt, params)).all())
     else:
-        raise StoreError(
-            "aappend(conn=...) on a PostgreSQL outbox takes a psycopg.AsyncConnection or a SQLAlchemy "
-            f"AsyncSession/AsyncConnection, got {type(conn).__name__}"
-        )
+        raise _refused(conn, "aappend", "psycopg.AsyncConnection or a SQLAlchemy AsyncSession/AsyncConnection")
     return _with_seqs(events, pairs)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from outrelay.core.stores.audit_chain import AuditRecord, Chain, Entry, batch_details, settled_entries
+from outrelay.core.stores.audit_chain import AuditReads, AuditRecord, Chain, Entry, batch_details, settled_entries
 from outrelay.core.stores.base import Settlement
 from outrelay.core.stores.postgres_ops import PostgresParts
 
@@ -28,28 +28,19 @@ if TYPE_CHECKING:
 
 __all__ = ["PostgresAuditMixin"]
 
-_COLS = "seq, at, kind, actor, details, prev_hash, hash, mac"
 
-
-class PostgresAuditMixin(PostgresParts):
+class PostgresAuditMixin(PostgresParts, AuditReads):
     """Appends, reads and the relay's batch records of the PostgreSQL audit chain."""
 
+    _mark = "%s"
     #: set by the relay when ``[audit] enabled``: routing and settling then record
     audit: Chain | None = None
 
     def audit_append(self, chain: Chain, entries: Sequence[Entry], at: float) -> list[AuditRecord]:
         return self._run(lambda cur: self._audit_write(cur, chain, entries, at))
 
-    def audit_page(self, after: int, limit: int) -> list[AuditRecord]:
-        rows = self._q(f"SELECT {_COLS} FROM {self.n.audit} WHERE seq > %s ORDER BY seq LIMIT %s", (after, limit))
-        return [AuditRecord(*r) for r in rows]
-
-    def audit_last(self, kind: str | None = None) -> AuditRecord | None:
-        if kind is None:
-            rows = self._q(f"SELECT {_COLS} FROM {self.n.audit} ORDER BY seq DESC LIMIT 1")
-        else:
-            rows = self._q(f"SELECT {_COLS} FROM {self.n.audit} WHERE kind = %s ORDER BY seq DESC LIMIT 1", (kind,))
-        return AuditRecord(*rows[0]) if rows else None
+    def _audit_table(self) -> str:
+        return self.n.audit
 
     def _audit_write(self, cur: Cursor, chain: Chain, entries: Sequence[Entry], at: float) -> list[AuditRecord]:
         if not entries:
@@ -58,7 +49,7 @@ class PostgresAuditMixin(PostgresParts):
         cur.execute(f"SELECT seq, hash FROM {self.n.audit} ORDER BY seq DESC LIMIT 1")
         last = cur.fetchone()
         rows = chain.link((int(last[0]), str(last[1])) if last else None, entries, at)
-        cur.executemany(f"INSERT INTO {self.n.audit} ({_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
+        cur.executemany(self._audit_insert(), rows)
         return [AuditRecord(*r) for r in rows]
 
     def _audit_unrouted(self, cur: Cursor, limit: int) -> list[tuple[int, str]]:

@@ -42,7 +42,7 @@ class HistoryMixin(PostgresParts):
         sql = f"SELECT seq, attrs::text, data FROM {self.n.events} WHERE seq > %s{cond} ORDER BY seq LIMIT %s"
         rows = self._binary(sql, (after, *args, limit))
         # the envelope comes as text and is decoded here: the same orjson the connection's jsonb loader
-        # uses, without that loader's Python call per row (measured: 1 µs less client CPU per event)
+        # uses, without that loader's Python call per row (less client CPU per event; benchmarks/README.md)
         decode, loads = Event.from_attributes, orjson.loads
         return [decode(loads(attrs), data, seq) for seq, attrs, data in rows]
 
@@ -57,8 +57,8 @@ class HistoryMixin(PostgresParts):
 
     def _binary(self, sql: str, args: Sequence[Any]) -> list[Any]:
         """Rows of ``sql`` in PostgreSQL's binary format: ``bytea`` arrives as
-        raw bytes instead of hex text to decode (measured: half the client CPU
-        of a lean history page)."""
+        raw bytes instead of hex text to decode (most of the client CPU of a
+        lean history page otherwise; figures in benchmarks/README.md)."""
 
         def fn(cur: Cursor) -> list[Any]:
             cur.execute(sql, args, binary=True)

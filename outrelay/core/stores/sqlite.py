@@ -406,7 +406,36 @@ class SQLiteStore(
         """See :meth:`Store.claim`. A claim that is not full also reads when the next lane it
         did not take is due, for :meth:`quiet_until` (the relay then waits without asking)."""
         with self._lock:
-            return self._claim(destination, limit, per_lane, owner, lease_seconds, now, max_bytes)
+            budget = max_bytes if max_bytes is not None else float("inf")
+            # Nothing due (a relay between batches, a trickle of appends): a read says so without the write
+            # transaction below, whose lock an appender's fsync holds for a millisecond at a time. A lane due a
+            # moment after this read is claimed by the next claim, as if this one had run a moment earlier.
+            if not self._q(_ANY_DUE_LANE, (destination, now, owner)):
+                try:
+                    self._know_quiet(self._db, destination, owner, now)
+                except sqlite3.Error as exc:
+                    raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
+                return []
+            with self._tx(relaxed=True) as db:
+                streams = [r[0] for r in db.execute(_DUE_LANES, (destination, now, owner, limit))]
+                picked, leased = self._pick(db, destination, streams, per_lane, limit, budget)
+                db.executemany(
+                    "UPDATE outrelay_lanes SET owner = ?, due_at = ? WHERE destination = ? AND stream = ?",
+                    [(owner, now + lease_seconds, destination, s) for s in leased],
+                )
+                data = self._data(db, [p[3] for p in picked])
+                if len(picked) < limit:
+                    self._know_quiet(db, destination, owner, now)
+                else:
+                    self._quiet.pop(destination, None)  # full: the next claim asks the database
+            decode, loads = Event.from_attributes, orjson.loads
+            claimed = [
+                Claimed(d_id, decode(loads(attrs), data[seq], seq), attempts, first)
+                for d_id, attempts, first, seq, attrs in picked
+            ]
+            if self.audit is not None:  # settling then describes the batch without reading it again
+                self.audit.remember(claimed)
+            return claimed
 
     @staticmethod
     def _pick(
@@ -443,47 +472,6 @@ class SQLiteStore(
             if taken:
                 leased.append(stream)
         return picked, leased
-
-    def _claim(
-        self,
-        destination: str,
-        limit: int,
-        per_lane: int,
-        owner: str,
-        lease_seconds: float,
-        now: float,
-        max_bytes: int | None,
-    ) -> list[Claimed]:
-        budget = max_bytes if max_bytes is not None else float("inf")
-        # Nothing due (a relay between batches, a trickle of appends): a read says so without the write
-        # transaction below, whose lock an appender's fsync holds for a millisecond at a time. A lane due a
-        # moment after this read is claimed by the next claim, as if this one had run a moment earlier.
-        if not self._q(_ANY_DUE_LANE, (destination, now, owner)):
-            try:
-                self._know_quiet(self._db, destination, owner, now)
-            except sqlite3.Error as exc:
-                raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
-            return []
-        with self._tx(relaxed=True) as db:
-            streams = [r[0] for r in db.execute(_DUE_LANES, (destination, now, owner, limit))]
-            picked, leased = self._pick(db, destination, streams, per_lane, limit, budget)
-            db.executemany(
-                "UPDATE outrelay_lanes SET owner = ?, due_at = ? WHERE destination = ? AND stream = ?",
-                [(owner, now + lease_seconds, destination, s) for s in leased],
-            )
-            data = self._data(db, [p[3] for p in picked])
-            if len(picked) < limit:
-                self._know_quiet(db, destination, owner, now)
-            else:
-                self._quiet.pop(destination, None)  # full: the next claim asks the database
-        decode, loads = Event.from_attributes, orjson.loads
-        claimed = [
-            Claimed(d_id, decode(loads(attrs), data[seq], seq), attempts, first)
-            for d_id, attempts, first, seq, attrs in picked
-        ]
-        if self.audit is not None:  # settling then describes the batch without reading it again
-            self.audit.remember(claimed)
-        return claimed
 
     @staticmethod
     def _data(db: sqlite3.Connection, seqs: list[int]) -> dict[int, bytes]:

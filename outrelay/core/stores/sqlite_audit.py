@@ -12,18 +12,17 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from outrelay.core.stores.audit_chain import AuditRecord, Chain, Entry, batch_details, settled_entries
+from outrelay.core.stores.audit_chain import AuditReads, AuditRecord, Chain, Entry, batch_details, settled_entries
 from outrelay.core.stores.base import Settlement
 from outrelay.core.stores.sqlite_ops import SQLiteParts
 
 __all__ = ["SQLiteAuditMixin"]
 
-_COLS = "seq, at, kind, actor, details, prev_hash, hash, mac"
 
-
-class SQLiteAuditMixin(SQLiteParts):
+class SQLiteAuditMixin(SQLiteParts, AuditReads):
     """Appends, reads and the relay's batch records of the SQLite audit chain."""
 
+    _mark = "?"
     #: set by the relay when ``[audit] enabled``: routing and settling then record
     audit: Chain | None = None
 
@@ -31,22 +30,15 @@ class SQLiteAuditMixin(SQLiteParts):
         with self._tx() as db:  # durable: an operator action's record must survive a power cut
             return self._audit_write(db, chain, entries, at)
 
-    def audit_page(self, after: int, limit: int) -> list[AuditRecord]:
-        rows = self._q(f"SELECT {_COLS} FROM outrelay_audit WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit))
-        return [AuditRecord(*r) for r in rows]
+    def _audit_table(self) -> str:
+        return "outrelay_audit"
 
-    def audit_last(self, kind: str | None = None) -> AuditRecord | None:
-        if kind is None:
-            rows = self._q(f"SELECT {_COLS} FROM outrelay_audit ORDER BY seq DESC LIMIT 1")
-        else:
-            rows = self._q(f"SELECT {_COLS} FROM outrelay_audit WHERE kind = ? ORDER BY seq DESC LIMIT 1", (kind,))
-        return AuditRecord(*rows[0]) if rows else None
-
-    @staticmethod
-    def _audit_write(db: sqlite3.Connection, chain: Chain, entries: Sequence[Entry], at: float) -> list[AuditRecord]:
+    def _audit_write(
+        self, db: sqlite3.Connection, chain: Chain, entries: Sequence[Entry], at: float
+    ) -> list[AuditRecord]:
         last = db.execute("SELECT seq, hash FROM outrelay_audit ORDER BY seq DESC LIMIT 1").fetchone()
         rows = chain.link(tuple(last) if last else None, entries, at)
-        db.executemany(f"INSERT INTO outrelay_audit ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        db.executemany(self._audit_insert(), rows)
         return [AuditRecord(*r) for r in rows]
 
     def _audit_routed(self, db: sqlite3.Connection, after: int, last: int, at: float) -> None:

@@ -47,7 +47,7 @@ class SQLiteHistoryMixin(SQLiteParts):
 
     def history_lean(self, stream: str, *, after: int = 0, limit: int = 1000) -> list[tuple[int, str, Any, bytes]]:
         # the envelope JSON goes out undecoded in place of the version: read_lean() looks the version up
-        # only for types that have upcasters (measured: the per-row lookup was a third of a lean fold)
+        # only for types that have upcasters (a per-row lookup is a large share of a lean fold; benchmarks/README.md)
         rows: list[tuple[int, str, Any, bytes]] = self._q(
             "SELECT seq, type, attrs, data FROM outrelay_events WHERE stream = ? AND seq > ? ORDER BY seq LIMIT ?",
             (stream, after, limit),

@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import unquote
 
-from outrelay.core._copy import copier
+from outrelay.core._draft import copier
 from outrelay.core.config import ClaimCheckConfig, OutrelayConfig
 from outrelay.core.envelope import Event
 from outrelay.core.errors import ConfigError, EventError, RetryableError

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 from types import MappingProxyType
 
-from outrelay.core._copy import copier
+from outrelay.core._draft import copier
 from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError
 

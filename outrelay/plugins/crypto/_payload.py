@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 
-from outrelay.core._copy import copier
+from outrelay.core._draft import copier
 from outrelay.core.config import OutrelayConfig
 from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from outrelay.core._copy import copier
+from outrelay.core._draft import copier
 from outrelay.core.envelope import Event
 from outrelay.core.errors import EventError
 from outrelay.plugins.crypto._keys import Keyring, aesgcm_class

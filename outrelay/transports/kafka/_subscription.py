@@ -93,9 +93,8 @@ COMMIT_DELAY = 0.2  # seconds acks wait to be committed together: one OffsetComm
 #: the cyclic GC tracks each; more than its first-generation threshold (700) alive together sets off
 #: collections that promote them — and everything in flight with them — to the oldest generation, whose
 #: full collections then come more than twice as often. The runtime calls receive again at once (a
-#: buffered chunk comes back without yielding), so its lanes see batches as large as before. Measured
-#: on one EventBus member (prefetch 1024, 100K events): 10 -> 4 full collections, GC time per event
-#: halved, process CPU per event 12-18% lower.
+#: buffered chunk comes back without yielding), so its lanes see batches as large as before (figures:
+#: benchmarks/README.md, "Why the code is as it is").
 RECEIVE_CHUNK = 64
 _PROBE_EVERY = 1.0  # at most one reachability probe per second of idle receives
 

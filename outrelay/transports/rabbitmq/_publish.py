@@ -4,9 +4,10 @@ aiormq's ``Channel.basic_publish`` does, for every message: a routing-key
 check, a countdown and an ``asyncio.timeout`` scope, a channel-close guard
 (an async context manager), the channel lock, a ``Basic.Publish`` and a
 ``ContentHeader`` object, pamqp's frame marshalling through a ``BytesIO``,
-one put on the connection's write queue, and then the confirm. Measured on
-the relay's RabbitMQ path that was about half of its CPU per event, and the
-transport needs none of it per message: it sends a batch (with ``pipeline =
+one put on the connection's write queue, and then the confirm. On the
+relay's RabbitMQ path that was a large share of its CPU per event
+(benchmarks/README.md, "Why the code is as it is"), and the transport needs
+none of it per message: it sends a batch (with ``pipeline =
 false``, each round of messages due, one per stream) and then waits for
 their confirms.
 
