@@ -1,7 +1,7 @@
 """PostgreSQL outbox against SQLite outbox, relayed into the memory transport.
 
     python benchmarks/bench_postgres_vs_sqlite.py [--count 50000] [--streams 100] [--size 1024]
-        [--rounds 1] [--profile FILE] [--attempts on|off]
+        [--rounds 1] [--profile FILE] [--attempts on|off] [--sqlite-only]
 
 The same ``--count`` events are appended (untimed) to a fresh SQLite file and
 to a fresh PostgreSQL schema, then each is drained by ``Relay(drain=True)``
@@ -19,6 +19,7 @@ the relay too, but other clients of the server count there as well).
 Several relay processes on one PostgreSQL outbox: ``bench_postgres_relays.py``.
 ``--profile FILE`` writes a cProfile of the PostgreSQL drain. ``--attempts on`` turns
 the delivery-attempt log on (``[attempts] enabled = true``; off by default, as in a relay).
+``--sqlite-only`` drains SQLite alone and splits its CPU into user and system time.
 Uses ``OUTRELAY_POSTGRES_URL`` (default postgresql://postgres@127.0.0.1/test).
 """
 
@@ -121,15 +122,23 @@ def drop(schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def compare(count: int, streams: int, size: int, profile: str | None, rounds: int = 1) -> None:
+def compare(
+    count: int, streams: int, size: int, profile: str | None, rounds: int = 1, sqlite_only: bool = False
+) -> None:
     ratios = []
     for n in range(1, rounds + 1):
         with tempfile.TemporaryDirectory() as d:
             lite = f"sqlite:///{Path(d) / 'outbox.db'}"
             fill(lite, count, streams, size)
-            cpu = time.process_time()
+            cpu, times = time.process_time(), os.times()
             lite_s, _, _ = drain(lite, f"lite{n}", count)
-            lite_cpu = time.process_time() - cpu
+            lite_cpu, after_times = time.process_time() - cpu, os.times()
+        if sqlite_only:
+            us = 1e6 / count
+            user, system = (after_times.user - times.user) * us, (after_times.system - times.system) * us
+            print(f"SQLite     -> memory: {count / lite_s:8,.0f} ev/s ({count} events, {lite_s:.1f}s)")
+            print(f"CPU per event: SQLite relay {lite_cpu * us:.1f} µs (user {user:.1f}, system {system:.1f})")
+            continue
         schema, pg = pg_schema_url()
         try:
             fill(pg, count, streams, size)
@@ -164,9 +173,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="compare: repeat the pair and print the median ratio")
     ap.add_argument("--profile", help="write a cProfile of the PostgreSQL drain here")
     ap.add_argument("--attempts", choices=("on", "off"), default="off", help="the delivery-attempt log")
+    ap.add_argument("--sqlite-only", action="store_true", help="drain SQLite only (no PostgreSQL needed)")
     args = ap.parse_args()
     ATTEMPTS["enabled"] = args.attempts == "on"
-    compare(args.count, args.streams, args.size, args.profile, args.rounds)
+    compare(args.count, args.streams, args.size, args.profile, args.rounds, args.sqlite_only)
 
 
 if __name__ == "__main__":

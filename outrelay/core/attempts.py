@@ -45,7 +45,7 @@ from outrelay.core.errors import StoreError
 from outrelay.core.stores.base import Attempt, Claimed, Settlement
 from outrelay.core.transport import Detail, NotSent, Rejected, SendResult
 
-__all__ = ["OUTCOMES", "AttemptLog", "AttemptStore", "encode_detail", "read", "retry_event"]
+__all__ = ["OUTCOMES", "AttemptLog", "AttemptRows", "AttemptStore", "encode_detail", "read", "retry_event"]
 
 #: the values of an attempt's ``outcome``
 OUTCOMES = ("delivered", "retry", "rejected", "dead-lettered", "parked", "hold")
@@ -90,6 +90,24 @@ def encode_detail(detail: Detail, limit: int) -> str:
     return str(detail)[:limit]
 
 
+class AttemptRows(list[Attempt]):
+    """The attempt-log rows of one settle as :meth:`AttemptLog.mark` builds them: a list of
+    :data:`~outrelay.core.stores.base.Attempt` tuples like any other, plus what a store may use
+    instead of reading every row again.
+
+    ``plain`` is ``(at, attempt, latency)`` when every row is a ``delivered`` attempt with no
+    error or detail, attempt number ``attempt``, and the batch's ``at`` and ``latency`` (so the
+    rows differ only in their events), else None; ``seqs`` is then the rows' event sequences,
+    in row order. A store must give the same result with or without them."""
+
+    __slots__ = ("plain", "seqs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain: tuple[float, int, float] | None = None
+        self.seqs: list[int] = []
+
+
 class AttemptLog:
     """The relay's side of the log: marks settlements with their attempts, in the event loop."""
 
@@ -104,20 +122,28 @@ class AttemptLog:
         settlements: Sequence[Settlement],
         at: float,
         latency: float,
-    ) -> list[Attempt]:
+    ) -> AttemptRows:
         """The attempt-log rows of a settled batch (``settlements``: one per claimed delivery, in
         order), for :meth:`Store.settle`; none for a message the transport did not attempt
-        (``results`` NotSent)."""
+        (``results`` NotSent). ``plain`` and ``seqs`` are set when every row is a plain delivered
+        one of one attempt number (see :class:`AttemptRows`)."""
         limit = self.config.detail_bytes
-        out: list[Attempt] = []
+        out = AttemptRows()
+        seqs = out.seqs
+        first = claimed[0].attempts if claimed else 0
+        plain = True  # so far every row a delivered one without detail, of attempt number first + 1
         for c, r, s in zip(claimed, results, settlements, strict=True):
             kind = s.kind
             if kind == "delivered":  # most: no error, the attempt number from the claim
                 detail = r.detail  # type: ignore[attr-defined]
                 text = "" if detail is None else encode_detail(detail, limit)
-                out.append((at, c.event.id, c.event.sequence or 0, destination, s.stream, c.attempts + 1,
+                seq = c.event.sequence or 0
+                out.append((at, c.event.id, seq, destination, s.stream, c.attempts + 1,
                             "delivered", latency, "", text))  # fmt: skip
+                seqs.append(seq)
+                plain = plain and not text and c.attempts == first
                 continue
+            plain = False
             if isinstance(r, NotSent):
                 continue
             if kind == "hold":
@@ -131,6 +157,10 @@ class AttemptLog:
             detail = encode_detail(getattr(r, "detail", None), limit)
             out.append((at, c.event.id, c.event.sequence or 0, destination, s.stream, number, outcome, latency,
                         _error(r), detail))  # fmt: skip
+        if plain and out:
+            out.plain = (at, first + 1, latency)
+        else:
+            out.seqs = []
         return out
 
 

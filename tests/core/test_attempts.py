@@ -326,3 +326,32 @@ def test_plain_delivered_rows_of_missing_or_repeated_events_are_still_logged(
     got = store.attempts(limit=100)  # type: ignore[attr-defined]
     logged = sorted((r[2], r[3], r[5], r[6], r[7]) for r in got)
     assert logged == sorted((r[1], r[2], r[4], r[5], r[6]) for r in rows)
+
+
+def test_mark_says_when_every_row_is_plain_and_the_store_logs_those_rows_as_any_other(
+    store: Store,  # noqa: F811
+) -> None:
+    """AttemptRows.plain/seqs are set only for a batch of plain delivered attempts of one attempt
+    number; a store logs such rows exactly as it logs the same tuples in a plain list."""
+    events = store.append([Event(type="t", stream=f"s{i % 2}", data={}) for i in range(4)])
+    store.route(lambda e: ["d"], 100, T0)
+    claimed = store.claim("d", limit=10, per_lane=10, owner="o", lease_seconds=60, now=T0)
+    settlements = [Settlement(c.delivery_id, c.event.stream, "delivered") for c in claimed]
+    log = AttemptLog(AttemptsConfig())
+    marked = log.mark("d", claimed, [Delivered()] * 4, settlements, T0, 0.25)
+    assert marked.plain == (T0, 1, 0.25) and marked.seqs == [c.event.sequence for c in claimed]
+    detailed = log.mark(
+        "d", claimed, [Delivered(), Delivered(detail="x"), Delivered(), Delivered()], settlements, T0, 0.25
+    )
+    assert detailed.plain is None and detailed.seqs == [] and len(detailed) == 4
+    failed = [Settlement(claimed[0].delivery_id, claimed[0].event.stream, "retry", 1, T0 + 1, "503")]
+    assert log.mark("d", claimed[:1], [RetryLater("503")], failed, T0, 0.25).plain is None
+    store.attempts_keep = 1  # type: ignore[attr-defined]
+    store.settle("d", "o", settlements, T0, attempts=marked)  # the AttemptRows path
+    got = store.attempts(limit=100)  # type: ignore[attr-defined]
+    assert sorted(r[2] for r in got) == sorted(e.id for e in events) and {r[6] for r in got} == {1}
+    if type(store).__name__ == "SQLiteStore":  # the same tuples in a plain list: its row-by-row check
+        store.settle("e", "o", [], T0, attempts=[(*r[:3], "e", *r[4:]) for r in marked])
+        got = store.attempts(limit=100)  # type: ignore[attr-defined]
+        by_dest = {d: sorted(r[1:4] + r[5:] for r in got if r[4] == d) for d in ("d", "e")}
+        assert len(by_dest["d"]) == 4 and by_dest["d"] == by_dest["e"]

@@ -49,7 +49,8 @@ def attempt_args(rows: Sequence[Attempt], keep: int | None) -> tuple[dict[str, A
     ``latency`` (the relay's do: those of its batch): the first row's are taken."""
     if not rows:
         return None
-    trim = [r[2] for r in rows if r[5] > keep] if keep is not None else []
+    alike = getattr(rows, "plain", None)  # AttemptRows of plain attempts: one attempt number for all
+    trim = [r[2] for r in rows if r[5] > keep] if keep is not None and (alike is None or alike[1] > keep) else []
     out = [r[6] for r in rows]
     err = [r[8] for r in rows]
     det = [r[9] for r in rows]

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from outrelay.core.errors import NotFoundError
 from outrelay.core.stores.base import Attempt
 from outrelay.core.stores.sqlite_ops import SQLiteParts
@@ -53,7 +55,8 @@ class SQLiteAttemptsMixin(SQLiteParts):
         binds only their sequences (as one JSON array), not ten values per row. Any other row,
         and one whose event is gone or listed twice, is inserted with its own values."""
         keep = self.attempts_keep
-        if keep is not None:  # only an event past keep attempts can have too many (replays aside)
+        alike: tuple[float, int, float] | None = getattr(rows, "plain", None)  # AttemptRows: all alike
+        if keep is not None and (alike is None or alike[1] > keep):  # only past keep attempts (replays aside)
             for r in rows:
                 if r[5] > keep:  # (at, event_id, event_seq, destination, stream, attempt, ...)
                     db.execute(
@@ -63,7 +66,9 @@ class SQLiteAttemptsMixin(SQLiteParts):
                         (r[2], destination, r[2], destination, keep - 1),
                     )
         rest: Sequence[Attempt] = rows
-        if _JSON[0]:
+        if alike is not None and _JSON[0]:
+            rest = self._log_delivered(db, destination, *alike, rows, getattr(rows, "seqs", None))
+        elif _JSON[0]:
             kinds = set(map(_KIND, rows))  # (at, attempt, outcome, latency, error, detail): a batch's often share one
             if len(kinds) == 1:
                 at, number, outcome, latency, error, detail = kinds.pop()
@@ -88,12 +93,19 @@ class SQLiteAttemptsMixin(SQLiteParts):
 
     @staticmethod
     def _log_delivered(
-        db: sqlite3.Connection, destination: str, at: float, number: int, latency: float, group: Sequence[Attempt]
+        db: sqlite3.Connection,
+        destination: str,
+        at: float,
+        number: int,
+        latency: float,
+        group: Sequence[Attempt],
+        known: list[int] | None = None,
     ) -> Sequence[Attempt]:
         """Insert the plain delivered attempts ``group`` (in sequence order) from their events'
-        rows; returns those left to insert with their own values: an event no longer in the
-        outbox, or all of them where this SQLite has no ``json_each``."""
-        seqs = "[" + ",".join(map(str, sorted(map(_SEQ, group)))) + "]"
+        rows (``known``: their sequences, if the caller has them); returns those left to insert
+        with their own values: an event no longer in the outbox, or all of them where this
+        SQLite has no ``json_each``."""
+        seqs = orjson.dumps(sorted(known if known is not None else map(_SEQ, group))).decode()
         try:
             got = db.execute(_INSERT_DELIVERED, (at, destination, number, latency, seqs)).rowcount
         except sqlite3.OperationalError as exc:  # built without JSON: row by row from now on
