@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from outrelay import Event, Outbox, Relay, parse_config
-from outrelay.core.audit import AuditStore, resolve_key, verify
+from outrelay.core.history.audit import AuditStore, resolve_key, verify
 from outrelay.transports.memory import MemoryTransport
 
 KEY_VAR = "OUTRELAY_BENCH_AUDIT_KEY"

@@ -30,7 +30,7 @@ import nats.js.api
 from _ratio import cpu_line, ratio, raw_line, record_cpu
 
 from outrelay import Event, Outbox, Relay, parse_config
-from outrelay.core import cloudevents
+from outrelay.core.model import cloudevents
 
 
 def make_events(count: int, streams: int, size: int) -> list[Event]:

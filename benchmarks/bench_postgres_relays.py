@@ -52,7 +52,7 @@ import psycopg
 from _cpu import backends_cpu
 
 from outrelay import Event, Outbox, Relay, parse_config
-from outrelay.core.transport import Message, SendResult
+from outrelay.core.contract.transport import Message, SendResult
 from outrelay.transports.memory import MemoryConfig, MemoryTransport
 
 URL = os.environ.get("OUTRELAY_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test").split("?", 1)[0]

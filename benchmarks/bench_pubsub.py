@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from outrelay import Event, Outbox, Relay, parse_config
-from outrelay.core import cloudevents
+from outrelay.core.model import cloudevents
 from outrelay.transports.pubsub._client import make_publisher
 from outrelay.transports.pubsub._config import PubSubConfig
 

@@ -29,7 +29,7 @@ import uuid
 import aio_pika
 
 from outrelay import Event
-from outrelay.core import cloudevents
+from outrelay.core.model import cloudevents
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _ratio import cpu_line, ratio, raw_line, record_cpu

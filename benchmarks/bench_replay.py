@@ -7,10 +7,10 @@
 
 Appends ``--count`` events of ~200 B of JSON data to one stream (90 % at the
 current event_version 2, 10 % at version 1 so the v1 → v2 upcaster runs),
-then times :func:`outrelay.core.replay.rebuild` of a small workflow
+then times :func:`outrelay.core.history.replay.rebuild` of a small workflow
 projection over the whole stream: reading pages, decoding every event,
 upcasting and applying — twice with full :class:`~outrelay.Event` s, twice
-with a ``lean`` projection (:class:`~outrelay.core.lean.LeanEvent`). Prints events/s (wall clock) and
+with a ``lean`` projection (:class:`~outrelay.core.history.lean.LeanEvent`). Prints events/s (wall clock) and
 this process's CPU time per event (``time.process_time``: steadier than the
 wall clock on a shared machine, but on PostgreSQL it leaves out the server's
 work), the process's resident memory
@@ -33,9 +33,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from outrelay import Event
-from outrelay.core.replay import Projection, rebuild
+from outrelay.core.history.replay import Projection, rebuild
+from outrelay.core.history.upcasting import Upcasters
 from outrelay.core.stores.base import Store
-from outrelay.core.upcasting import Upcasters
 
 STREAM = "wf-bench-1"
 PAD = "x" * 120  # brings each event's data to ~200 B of JSON
@@ -138,7 +138,7 @@ def main() -> None:
     ap.add_argument("--fill", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.fill:
-        from outrelay.core.outbox import open_store
+        from outrelay.core.stores.outbox import open_store
 
         target = open_store(args.fill)
         fill(target, args.count)

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from outrelay import Event, Outbox, Relay, parse_config  # noqa: E402
-from outrelay.core import cloudevents  # noqa: E402
+from outrelay.core.model import cloudevents  # noqa: E402
 
 
 async def raw(conn: str, queue: str, events: list[Event], encode_inside: bool = False) -> float:

@@ -47,8 +47,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from outrelay import Event, Message
-from outrelay.core.subscription import SubscriptionSpec
-from outrelay.core.transport import Delivered
+from outrelay.core.contract.subscription import SubscriptionSpec
+from outrelay.core.contract.transport import Delivered
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
 
 

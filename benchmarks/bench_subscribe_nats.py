@@ -30,7 +30,7 @@ import nats.js.errors
 from _bus import bus_consume
 
 from outrelay import Event, Message
-from outrelay.core.subscription import SubscriptionSpec
+from outrelay.core.contract.subscription import SubscriptionSpec
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._group import names
 from outrelay.transports.nats._transport import NatsTransport

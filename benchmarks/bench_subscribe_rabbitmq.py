@@ -33,7 +33,7 @@ import uuid
 import aio_pika
 
 from outrelay import Delivered, Event, Message
-from outrelay.core.subscription import SubscriptionSpec
+from outrelay.core.contract.subscription import SubscriptionSpec
 from outrelay.transports.rabbitmq._config import RabbitMQConfig
 from outrelay.transports.rabbitmq._subscriber import group_queue
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport

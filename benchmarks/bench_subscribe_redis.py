@@ -44,7 +44,7 @@ from _ratio import ratio
 from redis.utils import HIREDIS_AVAILABLE
 
 from outrelay import Event, Message
-from outrelay.core.subscription import SubscriptionSpec
+from outrelay.core.contract.subscription import SubscriptionSpec
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from _ratio import ratio, raw_line
 
 from outrelay import Event, Message, Outbox, Relay, parse_config
-from outrelay.core import cloudevents
+from outrelay.core.model import cloudevents
 from outrelay.transports.webhook._signing import normalize_secrets, signature_headers
 from outrelay.transports.webhook._transport import WebhookConfig, WebhookTransport
 from outrelay.transports.webhook.receiver import WebhookReceiver

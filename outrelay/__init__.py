@@ -16,8 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from outrelay._version import __version__
-from outrelay.core.bus import EventBus
-from outrelay.core.config import (
+from outrelay.core.config.config import (
     BusConfig,
     DestinationConfig,
     OutrelayConfig,
@@ -26,9 +25,31 @@ from outrelay.core.config import (
     load_config,
     parse_config,
 )
-from outrelay.core.consumer_dlq import ConsumerDeadLetter, ConsumerDeadLetters
-from outrelay.core.envelope import Event
-from outrelay.core.errors import (
+from outrelay.core.config.hookspecs import hookimpl
+from outrelay.core.config.registry import Registry
+from outrelay.core.consumer.bus import EventBus
+from outrelay.core.consumer.consumer_dlq import ConsumerDeadLetter, ConsumerDeadLetters
+from outrelay.core.consumer.inbox import Inbox
+from outrelay.core.consumer.subscriber import Subscription, SubscriptionStats
+from outrelay.core.contract.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
+from outrelay.core.contract.transport import (
+    Capabilities,
+    Delivered,
+    Message,
+    NotSent,
+    Reader,
+    Received,
+    Rejected,
+    RetryLater,
+    SendResult,
+    Transport,
+    TransportConfig,
+)
+from outrelay.core.history.history import aread_stream, ascan, read_stream, scan
+from outrelay.core.history.replay import Projection, ReplayResult, rebuild, replay, replay_many, verify_snapshot
+from outrelay.core.history.upcasting import Upcasters, default_upcasters, upcast
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import (
     ConfigError,
     EventError,
     MissingExtraError,
@@ -42,30 +63,9 @@ from outrelay.core.errors import (
     UnknownTransportError,
     UsageError,
 )
-from outrelay.core.history import aread_stream, ascan, read_stream, scan
-from outrelay.core.hookspecs import hookimpl
-from outrelay.core.ids import uuid7
-from outrelay.core.inbox import Inbox
-from outrelay.core.outbox import Outbox
-from outrelay.core.registry import Registry
-from outrelay.core.relay import Relay, RunSummary
-from outrelay.core.replay import Projection, ReplayResult, rebuild, replay, replay_many, verify_snapshot
-from outrelay.core.subscriber import Subscription, SubscriptionStats
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
-from outrelay.core.transport import (
-    Capabilities,
-    Delivered,
-    Message,
-    NotSent,
-    Reader,
-    Received,
-    Rejected,
-    RetryLater,
-    SendResult,
-    Transport,
-    TransportConfig,
-)
-from outrelay.core.upcasting import Upcasters, default_upcasters, upcast
+from outrelay.core.model.ids import uuid7
+from outrelay.core.relay.relay import Relay, RunSummary
+from outrelay.core.stores.outbox import Outbox
 
 if TYPE_CHECKING:
     from outrelay.core.stores.postgres import PostgresStore as PostgresStore

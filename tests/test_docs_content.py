@@ -6,7 +6,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from outrelay.core.consumer_dlq import ConsumerDeadLetter
+from outrelay.core.consumer.consumer_dlq import ConsumerDeadLetter
 
 DOCS = Path(__file__).parents[1] / "docs"
 

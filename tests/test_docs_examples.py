@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from outrelay import parse_config
-from outrelay.core.registry import Registry
-from outrelay.core.relay import build_transports
+from outrelay.core.config.registry import Registry
+from outrelay.core.relay.relay import build_transports
 from tests._docblocks import Background, Block, blocks, chdir, commands, run_command
 from tests.services import need
 
@@ -249,7 +249,7 @@ def _step(b: Block, ctx: Context, background: list[Background], namespace: dict[
 def test_example_runs_twice(name: str, services: Context, monkeypatch: pytest.MonkeyPatch) -> None:
     """The example's steps run in document order and succeed, and again in the same directory."""
     from outrelay import Outbox
-    from outrelay.core import upcasting
+    from outrelay.core.history import upcasting
 
     steps = [b for b in ALL if b.kind == "run" and b.name == name]
     stale = [old for old, _ in SUBSTITUTIONS.get(name, []) if not any(old in b.text for b in steps)]

@@ -13,8 +13,8 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from outrelay.core.config import OutrelayConfig, default_config_path, load_config
-from outrelay.core.errors import ConfigError
+from outrelay.core.config.config import OutrelayConfig, default_config_path, load_config
+from outrelay.core.model.errors import ConfigError
 
 __all__ = [
     "CLIENT_LOGGERS",

@@ -7,9 +7,9 @@ from typing import Any
 
 from outrelay._version import __version__
 from outrelay.cli._common import mask, secrets_of
-from outrelay.core.config import OutrelayConfig
-from outrelay.core.relay import RunSummary
-from outrelay.core.transport import Transport
+from outrelay.core.config.config import OutrelayConfig
+from outrelay.core.contract.transport import Transport
+from outrelay.core.relay.relay import RunSummary
 
 __all__ = ["startup_line", "summary_doc", "summary_line"]
 
@@ -29,7 +29,7 @@ def summary_doc(summary: RunSummary) -> dict[str, Any]:
     """The run's totals and per-destination counts, as plain JSON-able values. Parked events
     (their stream stopped, waiting for an operator) are counted apart from dead-lettered ones
     (set aside while the stream went on); ``unrouted`` counts, per reason, events that no
-    destination matched (delivered nowhere, see :mod:`outrelay.core.unrouted`)."""
+    destination matched (delivered nowhere, see :mod:`outrelay.core.relay.unrouted`)."""
     counts = summary.counts
     return {
         "delivered": sum(c["delivered"] for c in counts.values()),

@@ -3,7 +3,7 @@
 * :func:`validate` — what ``run`` checks before it creates or connects to
   anything, and ``check`` (``--offline`` too) checks alike: every
   destination's transport and options (addresses included, see
-  :mod:`outrelay.core.endpoints`) and the keys the config points at. Any
+  :mod:`outrelay.core.config.endpoints`) and the keys the config points at. Any
   problem is a :class:`ConfigError` (exit 2) naming the file, and nothing was
   created.
 * :func:`outbox_problem` — why a SQLite outbox cannot be opened or created
@@ -23,10 +23,10 @@ import os
 import sqlite3
 from pathlib import Path
 
-from outrelay.core.config import OutrelayConfig
-from outrelay.core.errors import ConfigError, StoreError
-from outrelay.core.outbox import Outbox
-from outrelay.core.transport import Transport
+from outrelay.core.config.config import OutrelayConfig
+from outrelay.core.contract.transport import Transport
+from outrelay.core.model.errors import ConfigError, StoreError
+from outrelay.core.stores.outbox import Outbox
 
 __all__ = ["open_existing", "outbox_problem", "permanent", "validate"]
 
@@ -41,8 +41,8 @@ def validate(cfg: OutrelayConfig) -> dict[str, Transport]:
     :raises ConfigError: no destination; an unknown transport, a missing extra, an invalid
         option or address — every destination's problems in one line; an unreadable key.
     """
-    from outrelay.core.registry import get_registry
-    from outrelay.core.relay import build_transports
+    from outrelay.core.config.registry import get_registry
+    from outrelay.core.relay.relay import build_transports
     from outrelay.plugins.crypto import PayloadCrypto, crypto_config
 
     if not cfg.destinations:
@@ -51,7 +51,7 @@ def validate(cfg: OutrelayConfig) -> dict[str, Transport]:
     if crypto_config(cfg) is not None:
         PayloadCrypto.from_config(cfg)  # reads every key, as the relay does when it starts
     if cfg.audit.enabled and cfg.audit.hmac_key:
-        from outrelay.core.audit import resolve_key
+        from outrelay.core.history.audit import resolve_key
 
         resolve_key(cfg.audit.hmac_key)
     return transports

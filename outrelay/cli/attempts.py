@@ -13,9 +13,9 @@ import typer
 
 from outrelay.cli._common import ConfigOption, console, err_console, error_line, load, mask, secrets_of
 from outrelay.cli._validate import open_existing
-from outrelay.core import attempts as log
-from outrelay.core.config import OutrelayConfig
-from outrelay.core.errors import ConfigError, NotFoundError
+from outrelay.core.config.config import OutrelayConfig
+from outrelay.core.model.errors import ConfigError, NotFoundError
+from outrelay.core.relay import attempts as log
 
 __all__ = ["register", "retry_event"]
 
@@ -91,7 +91,7 @@ def attempts(
 
 
 def retry_event(cfg: OutrelayConfig, event: str, destination: str | None, redeliver: bool) -> None:
-    """``outrelay retry --event ID``: send one event again now (see :func:`outrelay.core.attempts.retry_event`).
+    """``outrelay retry --event ID``: send one event again now (see :func:`outrelay.core.relay.attempts.retry_event`).
     An unknown event or destination exits 2; nothing to do (delivered already) exits 1, one line each."""
     if destination is not None and destination not in cfg.destinations:
         known = ", ".join(sorted(cfg.destinations)) or "none"

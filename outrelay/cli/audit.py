@@ -23,10 +23,10 @@ import typer
 
 from outrelay.cli._common import ConfigOption, command_group, console, err_console, error_line, load, quiet_stdout
 from outrelay.cli._validate import open_existing
-from outrelay.core import audit
-from outrelay.core.config import OutrelayConfig
-from outrelay.core.envelope import Event
-from outrelay.core.errors import ConfigError, EventError
+from outrelay.core.config.config import OutrelayConfig
+from outrelay.core.history import audit
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import ConfigError, EventError
 
 __all__ = ["app"]
 

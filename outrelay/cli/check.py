@@ -11,10 +11,10 @@ import typer
 
 from outrelay.cli._common import ConfigOption, config_context, console, load, mask, secrets_of
 from outrelay.cli._validate import outbox_problem, validate
-from outrelay.core.config import OutrelayConfig
-from outrelay.core.errors import OutrelayError, RetryableError, StoreError
-from outrelay.core.outbox import Outbox
-from outrelay.core.transport import Transport
+from outrelay.core.config.config import OutrelayConfig
+from outrelay.core.contract.transport import Transport
+from outrelay.core.model.errors import OutrelayError, RetryableError, StoreError
+from outrelay.core.stores.outbox import Outbox
 
 __all__ = ["check", "register"]
 

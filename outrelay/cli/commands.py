@@ -25,12 +25,12 @@ from outrelay.cli._common import (
 )
 from outrelay.cli._summary import startup_line, summary_doc, summary_line
 from outrelay.cli._validate import outbox_problem, permanent, validate
-from outrelay.core.envelope import Event
-from outrelay.core.errors import ConfigError, StoreError, StoreLockedError
-from outrelay.core.outbox import Outbox
-from outrelay.core.registry import get_registry
-from outrelay.core.relay import Relay
-from outrelay.core.transport import Capabilities, Transport
+from outrelay.core.config.registry import get_registry
+from outrelay.core.contract.transport import Capabilities, Transport
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import ConfigError, StoreError, StoreLockedError
+from outrelay.core.relay.relay import Relay
+from outrelay.core.stores.outbox import Outbox
 from outrelay.plugins.crypto import PayloadCrypto, crypto_config
 from outrelay.plugins.health import DEFAULT_STALL_AFTER
 

@@ -9,7 +9,7 @@ import typer
 
 from outrelay.cli import config_doc
 from outrelay.cli._common import command_group, console, err_console
-from outrelay.core.errors import ConfigError
+from outrelay.core.model.errors import ConfigError
 
 __all__ = ["app"]
 

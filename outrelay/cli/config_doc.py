@@ -22,8 +22,7 @@ from pydantic import BaseModel
 
 from outrelay.cli._doc_format import bounds, bullets, default, doc, rst_to_md, type_name
 from outrelay.cli._option_notes import NOTES
-from outrelay.core import templates
-from outrelay.core.config import (
+from outrelay.core.config.config import (
     AttemptsConfig,
     AuditConfig,
     BreakerConfig,
@@ -37,7 +36,8 @@ from outrelay.core.config import (
     RouteConfig,
     config_model,
 )
-from outrelay.core.registry import Registry
+from outrelay.core.config.registry import Registry
+from outrelay.core.contract import templates
 from outrelay.plugins.crypto import CryptoConfig, CryptoRule
 from outrelay.plugins.eventlog import EventLogConfig
 from outrelay.plugins.otel import TracingConfig
@@ -67,7 +67,7 @@ _CORE: list[tuple[str, type[BaseModel], str]] = [
 
 def root_model() -> type[OutrelayConfig]:
     """The config file's model with the sections of the built-in plugins (and of ``OUTRELAY_PLUGINS``),
-    as :func:`~outrelay.core.config.config_model` builds it for them."""
+    as :func:`~outrelay.core.config.config.config_model` builds it for them."""
     return config_model(Registry(autoload=False))
 
 

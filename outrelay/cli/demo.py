@@ -24,12 +24,12 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from outrelay.cli._common import console, err_console
-from outrelay.core.config import parse_config
-from outrelay.core.envelope import Event
-from outrelay.core.hookspecs import hookimpl
-from outrelay.core.outbox import Outbox
-from outrelay.core.registry import get_registry
-from outrelay.core.relay import Relay
+from outrelay.core.config.config import parse_config
+from outrelay.core.config.hookspecs import hookimpl
+from outrelay.core.config.registry import get_registry
+from outrelay.core.model.envelope import Event
+from outrelay.core.relay.relay import Relay
+from outrelay.core.stores.outbox import Outbox
 
 __all__ = ["demo"]
 
@@ -56,7 +56,7 @@ class _ProgressPlugin:
 
     @hookimpl
     def outrelay_batch_settled(self, destination: str, messages: Any, results: Any, elapsed: float) -> None:
-        from outrelay.core.transport import Delivered
+        from outrelay.core.contract.transport import Delivered
 
         if destination == "hooks":
             self.progress.advance(self.task, sum(isinstance(r, Delivered) for r in results))

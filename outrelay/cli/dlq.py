@@ -16,10 +16,10 @@ import typer
 from outrelay.cli import audit
 from outrelay.cli._common import ConfigOption, command_group, console, load, mask, secrets_of
 from outrelay.cli._validate import open_existing
-from outrelay.core import cloudevents
-from outrelay.core.config import OutrelayConfig
-from outrelay.core.consumer_dlq import ConsumerDeadLetters
-from outrelay.core.errors import ConfigError, NotFoundError
+from outrelay.core.config.config import OutrelayConfig
+from outrelay.core.consumer.consumer_dlq import ConsumerDeadLetters
+from outrelay.core.model import cloudevents
+from outrelay.core.model.errors import ConfigError, NotFoundError
 from outrelay.plugins.crypto import reveal
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
 from outrelay._version import __version__
 from outrelay.cli import attempts, audit, check, commands, config_cmd, dlq, ops, status
 from outrelay.cli._common import err_console, error_line, quiet_stdout
-from outrelay.core.errors import ConfigError, EventError, OutrelayError
+from outrelay.core.model.errors import ConfigError, EventError, OutrelayError
 
 __all__ = ["EXIT_CODES", "app", "main"]
 

@@ -12,9 +12,9 @@ import typer
 from outrelay.cli import audit
 from outrelay.cli._common import ConfigOption, console, err_console, load
 from outrelay.cli._validate import open_existing
-from outrelay.core.config import OutrelayConfig
-from outrelay.core.errors import ConfigError, NotFoundError
-from outrelay.core.outbox import Outbox
+from outrelay.core.config.config import OutrelayConfig
+from outrelay.core.model.errors import ConfigError, NotFoundError
+from outrelay.core.stores.outbox import Outbox
 
 __all__ = ["register"]
 
@@ -118,9 +118,9 @@ def _check_upcasts(outbox: Outbox, stream: str | None, after: int) -> None:
     upcasters must have a path to its current version (as the filtered replay checks).
 
     :raises EventError: one has none (nothing is queued)."""
-    from outrelay.core.redeliver import plan
+    from outrelay.core.history.redeliver import plan
+    from outrelay.core.history.upcasting import default_upcasters
     from outrelay.core.stores.base import HistoryFilter
-    from outrelay.core.upcasting import default_upcasters
 
     upcasters = default_upcasters()
     if not upcasters:  # nothing can fail to upcast: spare the read of the whole selection
@@ -142,9 +142,9 @@ def _replay_selected(
     dry_run: bool,
     rate: float | None,
 ) -> None:
-    """The filtered replay (see :mod:`outrelay.core.redeliver`): plan first, so a
+    """The filtered replay (see :mod:`outrelay.core.history.redeliver`): plan first, so a
     bad selection queues nothing; then queue page by page at ``rate``."""
-    from outrelay.core.redeliver import describe, plan, requeue
+    from outrelay.core.history.redeliver import describe, plan, requeue
     from outrelay.core.stores.base import HistoryFilter
 
     where = HistoryFilter(stream, tuple(types), tenant, _when("--since", since), _when("--until", until))
@@ -262,7 +262,7 @@ def conformance(
     or, without a config, --plugin module:Class with --option key=value for its options.
     """
     from outrelay.conformance.runner import parse_option, run_conformance
-    from outrelay.core.config import default_config_path
+    from outrelay.core.config.config import default_config_path
 
     cfg_path: Path | None = config
     if cfg_path is None and (destination is not None or not plugins) and transport is None:

@@ -20,7 +20,7 @@ import typer
 
 from outrelay.cli._common import console
 from outrelay.cli._scaffold_templates import FILES
-from outrelay.core.errors import ConfigError
+from outrelay.core.model.errors import ConfigError
 
 __all__ = ["new_transport", "register", "scaffold"]
 

@@ -19,12 +19,12 @@ import typer
 
 from outrelay.cli._common import ConfigOption, console, err_console, error_line, load, mask, secrets_of
 from outrelay.cli._validate import open_existing
-from outrelay.core.breaker import read_states
-from outrelay.core.config import OutrelayConfig
-from outrelay.core.errors import ConfigError
-from outrelay.core.routing import UNROUTED_REASONS
+from outrelay.core.config.config import OutrelayConfig
+from outrelay.core.model.errors import ConfigError
+from outrelay.core.relay.breaker import read_states
+from outrelay.core.relay.routing import UNROUTED_REASONS
+from outrelay.core.relay.unrouted import read_unrouted
 from outrelay.core.stores.lanes import LaneOperations
-from outrelay.core.unrouted import read_unrouted
 
 __all__ = ["register", "retry", "status"]
 
@@ -90,7 +90,7 @@ def _collect(cfg: OutrelayConfig, now: float) -> dict[str, Any]:
 def _config_errors(cfg: OutrelayConfig) -> dict[str, str]:
     """Each destination whose transport cannot be built from the config (as `run` would refuse it):
     an unknown transport, a missing extra, an invalid option — by destination name."""
-    from outrelay.core.registry import get_registry
+    from outrelay.core.config.registry import get_registry
 
     registry = get_registry()
     out: dict[str, str] = {}

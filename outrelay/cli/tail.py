@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 import typer
 
 from outrelay.cli._common import ConfigOption, config_context, console, load
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import ConfigError
+from outrelay.core.model import cloudevents
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import ConfigError
 
 if TYPE_CHECKING:
-    from outrelay.core.bus import EventBus
+    from outrelay.core.consumer.bus import EventBus
 
 __all__ = ["tail"]
 
@@ -51,7 +51,7 @@ def tail(
     Watching is fan-out: it takes nothing away from consumer groups. Lines go to
     stdout; Ctrl-C (or SIGTERM) stops it.
     """
-    from outrelay.core.bus import BUS_ENV, EventBus
+    from outrelay.core.consumer.bus import BUS_ENV, EventBus
 
     cfg = load(config)
     name = destination or os.environ.get(BUS_ENV) or cfg.bus.destination or "memory"

@@ -92,7 +92,7 @@ def decode_value(binding: Binding, raw: str) -> str:
 
 def header_problems(binding: Binding, headers: Mapping[str, str], want: Mapping[str, str]) -> list[str]:
     """What is wrong with binary-mode ``headers`` under ``binding``, given the attributes ``want``
-    (from :func:`outrelay.core.cloudevents.attributes`). Empty when the headers follow the rules."""
+    (from :func:`outrelay.core.model.cloudevents.attributes`). Empty when the headers follow the rules."""
     attrs = attribute_headers(binding, headers)
     problems = [f"required attribute {a!r} has no {binding.prefix}{a} header" for a in REQUIRED if a not in attrs]
     if binding.prefix:

@@ -31,8 +31,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from outrelay.core.errors import OutrelayError
-from outrelay.core.transport import Message, Reader, Transport
+from outrelay.core.contract.transport import Message, Reader, Transport
+from outrelay.core.model.errors import OutrelayError
 
 __all__ = ["GRACE", "Census", "Finding"]
 

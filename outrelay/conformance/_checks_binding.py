@@ -18,10 +18,10 @@ import orjson
 from outrelay.conformance._binding import Binding, attribute_headers, header_problems
 from outrelay.conformance._checks_fidelity import binary_payload, full_event, send_delivered
 from outrelay.conformance._harness import CheckFailed, CheckSkipped, Context, Session, by_id, check, diff_events, short
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event, is_json_content_type
-from outrelay.core.errors import EventError
-from outrelay.core.transport import Received
+from outrelay.core.contract.transport import Received
+from outrelay.core.model import cloudevents
+from outrelay.core.model.envelope import Event, is_json_content_type
+from outrelay.core.model.errors import EventError
 
 __all__: list[str] = []
 

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from outrelay.conformance._checks_fidelity import binary_payload
 from outrelay.conformance._harness import CheckFailed, Context, Session, check, guarded, short
 from outrelay.conformance._proxy import TcpProxy
-from outrelay.core.envelope import Event
-from outrelay.core.errors import OutrelayError, RetryableError, TransportError
-from outrelay.core.transport import Delivered, RetryLater, SendResult, Transport
+from outrelay.core.contract.transport import Delivered, RetryLater, SendResult, Transport
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import OutrelayError, RetryableError, TransportError
 
 __all__: list[str] = []
 

@@ -24,10 +24,10 @@ from outrelay.conformance._harness import (
     diff_events,
     short,
 )
-from outrelay.core import cloudevents
-from outrelay.core.envelope import Event
-from outrelay.core.errors import EventError
-from outrelay.core.transport import Delivered, Received, Rejected
+from outrelay.core.contract.transport import Delivered, Received, Rejected
+from outrelay.core.model import cloudevents
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import EventError
 
 __all__: list[str] = []
 

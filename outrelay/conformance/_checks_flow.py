@@ -9,11 +9,11 @@ from pathlib import Path
 
 from outrelay.conformance._checks_fidelity import binary_payload, max_size_or_skip, not_disabling, send_delivered
 from outrelay.conformance._harness import CheckFailed, CheckSkipped, Context, Session, by_id, check
-from outrelay.core.config import OutrelayConfig, RelayConfig
-from outrelay.core.envelope import Event
-from outrelay.core.outbox import Outbox
-from outrelay.core.relay import Relay
-from outrelay.core.transport import Delivered, Received, Rejected, RetryLater
+from outrelay.core.config.config import OutrelayConfig, RelayConfig
+from outrelay.core.contract.transport import Delivered, Received, Rejected, RetryLater
+from outrelay.core.model.envelope import Event
+from outrelay.core.relay.relay import Relay
+from outrelay.core.stores.outbox import Outbox
 
 __all__: list[str] = []
 

@@ -1,7 +1,7 @@
 """In-process checks: cancellation, instances that share nothing, the caller's batch, durability.
 
 * A send cancelled mid-batch raises ``CancelledError``; what it reported
-  :class:`Delivered` to the send's progress (``outrelay.core.progress``, when
+  :class:`Delivered` to the send's progress (``outrelay.core.contract.progress``, when
   the running outrelay has it) is readable; afterwards the transport delivers
   again (or says it closed itself: UsageError, then ``close()``/``open()``).
 * Two instances for two targets, sending at once, deliver each message to
@@ -30,9 +30,9 @@ from outrelay.conformance._harness import (
     check,
     guarded,
 )
-from outrelay.core.envelope import Event
-from outrelay.core.errors import OutrelayError, UsageError
-from outrelay.core.transport import Delivered, Message
+from outrelay.core.contract.transport import Delivered, Message
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import OutrelayError, UsageError
 
 __all__: list[str] = []
 
@@ -43,9 +43,9 @@ _RESENDS = 8
 
 
 def _progress() -> Any:
-    """``outrelay.core.progress`` when this outrelay has it (the per-batch progress contract), else None."""
+    """``outrelay.core.contract.progress`` when this outrelay has it (the per-batch progress contract), else None."""
     try:
-        return importlib.import_module("outrelay.core.progress")
+        return importlib.import_module("outrelay.core.contract.progress")
     except ImportError:
         return None
 

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from outrelay.conformance._checks_fidelity import send_delivered
 from outrelay.conformance._harness import CheckFailed, CheckSkipped, Context, check, guarded, short
-from outrelay.core.errors import OutrelayError, RetryableError, TransportError, UsageError
-from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, Transport
+from outrelay.core.contract.transport import Delivered, Message, Rejected, RetryLater, Transport
+from outrelay.core.model.errors import OutrelayError, RetryableError, TransportError, UsageError
 
 __all__: list[str] = []
 

@@ -32,7 +32,7 @@ from outrelay.conformance._checks_faults import (
 )
 from outrelay.conformance._harness import CheckFailed, Context, check
 from outrelay.conformance._proxy import SynBlackHole
-from outrelay.core.transport import Delivered
+from outrelay.core.contract.transport import Delivered
 
 __all__: list[str] = []
 

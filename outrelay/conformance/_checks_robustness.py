@@ -24,8 +24,8 @@ from pathlib import Path
 
 from outrelay.conformance._checks_fidelity import send_delivered
 from outrelay.conformance._harness import CheckFailed, CheckSkipped, Context, assert_same, by_id, check, guarded
-from outrelay.core.errors import OutrelayError
-from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, Transport
+from outrelay.core.contract.transport import Delivered, Message, Rejected, RetryLater, Transport
+from outrelay.core.model.errors import OutrelayError
 
 __all__: list[str] = []
 

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from urllib.parse import quote
 
 from outrelay.conformance._harness import CheckFailed, CheckSkipped, Context, assert_same, by_id, check, guarded, short
-from outrelay.core.envelope import Event
-from outrelay.core.errors import OutrelayError, RetryableError, TransportError
-from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, Transport
+from outrelay.core.contract.transport import Delivered, Message, Rejected, RetryLater, Transport
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import OutrelayError, RetryableError, TransportError
 
 __all__: list[str] = []
 

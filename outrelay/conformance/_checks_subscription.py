@@ -1,5 +1,5 @@
 """Consumer-side checks: a transport's subscription backend holds the contract of
-:mod:`outrelay.core.subscription`.
+:mod:`outrelay.core.contract.subscription`.
 
 They run for a transport that declares ``capabilities.subscriptions`` and
 drive ``transport.subscription(spec)`` as the subscriber runtime does
@@ -37,8 +37,8 @@ from outrelay.conformance._subscribe import (
     in_order,
     once,
 )
-from outrelay.core.envelope import Event
-from outrelay.core.errors import OutrelayError
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import OutrelayError
 
 __all__: list[str] = []
 

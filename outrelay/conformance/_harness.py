@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from outrelay.conformance._census import Census
 from outrelay.conformance._loopwatch import LoopWatch
-from outrelay.core.envelope import Event
-from outrelay.core.errors import OutrelayError
-from outrelay.core.transport import Capabilities, Message, Reader, Received, SendResult, Transport
+from outrelay.core.contract.transport import Capabilities, Message, Reader, Received, SendResult, Transport
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import OutrelayError
 
 if TYPE_CHECKING:
     from outrelay.conformance._target import ConformanceTarget

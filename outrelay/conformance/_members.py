@@ -31,9 +31,9 @@ import orjson
 
 import outrelay
 from outrelay.conformance._harness import CheckFailed, Context, guarded, short
-from outrelay.core.envelope import Event
-from outrelay.core.errors import RetryableError
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
+from outrelay.core.contract.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import RetryableError
 
 __all__ = ["Handling", "Member", "MemberHost", "ProcessMember", "TaskMember"]
 

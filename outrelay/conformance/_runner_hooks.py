@@ -39,8 +39,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from outrelay.conformance._binding import AMQP, HTTP, KAFKA, MQTT, NATS, STRUCTURED, Binding
-from outrelay.core.errors import ConfigError
-from outrelay.core.transport import Reader, Transport
+from outrelay.core.contract.transport import Reader, Transport
+from outrelay.core.model.errors import ConfigError
 
 __all__ = ["RunnerHooks", "endpoint_fields", "hook_fields", "load_hooks"]
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from outrelay.conformance._harness import CheckFailed, CheckSkipped, Context, Session, diff_events, guarded, short
 from outrelay.conformance._members import Handling, Member, ProcessMember, TaskMember
-from outrelay.core.envelope import Event
-from outrelay.core.subscription import SubscriptionSpec
-from outrelay.core.transport import Delivered, Transport
+from outrelay.core.contract.subscription import SubscriptionSpec
+from outrelay.core.contract.transport import Delivered, Transport
+from outrelay.core.model.envelope import Event
 
 __all__ = ["Subscribing", "exclusive", "faithful", "in_order", "once", "unsupported"]
 

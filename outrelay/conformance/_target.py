@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 
 from outrelay.conformance._binding import Binding
-from outrelay.core.transport import Reader, Transport
+from outrelay.core.contract.transport import Reader, Transport
 
 __all__ = ["ConformanceTarget"]
 

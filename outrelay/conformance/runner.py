@@ -92,11 +92,11 @@ import pytest
 from outrelay.conformance._harness import EVENT_TYPE, SOURCE
 from outrelay.conformance._runner_hooks import RunnerHooks, endpoint_fields, hook_fields, load_hooks
 from outrelay.conformance._target import ConformanceTarget
-from outrelay.core.config import load_config
-from outrelay.core.envelope import Event
-from outrelay.core.errors import ConfigError
-from outrelay.core.registry import Registry, get_registry
-from outrelay.core.transport import Delivered, Message, Transport
+from outrelay.core.config.config import load_config
+from outrelay.core.config.registry import Registry, get_registry
+from outrelay.core.contract.transport import Delivered, Message, Transport
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import ConfigError
 
 __all__ = ["TARGET_OPTIONS", "build_target", "load_plugin", "run_conformance", "target_option"]
 

@@ -47,7 +47,24 @@ public surface and follows semantic versioning (docs/transports.md is the guide)
 """
 
 from outrelay._version import __version__ as outrelay_version
-from outrelay.core.cloudevents import (
+from outrelay.core.config.hookspecs import hookimpl
+from outrelay.core.config.registry import Registry
+from outrelay.core.contract.progress import Progress, current_progress, sending
+from outrelay.core.contract.reading import Reader, Received
+from outrelay.core.contract.subscription import Inbound, SubscriptionBackend, SubscriptionSpec, no_ack
+from outrelay.core.contract.templates import RejectedTarget, Template
+from outrelay.core.contract.transport import (
+    Capabilities,
+    Delivered,
+    Message,
+    NotSent,
+    Rejected,
+    RetryLater,
+    SendResult,
+    Transport,
+    TransportConfig,
+)
+from outrelay.core.model.cloudevents import (
     STRUCTURED_CONTENT_TYPE,
     attribute_names,
     attributes,
@@ -58,8 +75,8 @@ from outrelay.core.cloudevents import (
     is_structured,
     to_structured,
 )
-from outrelay.core.envelope import Event, is_json_content_type
-from outrelay.core.errors import (
+from outrelay.core.model.envelope import Event, is_json_content_type
+from outrelay.core.model.errors import (
     ConfigError,
     EventError,
     MissingExtraError,
@@ -68,23 +85,6 @@ from outrelay.core.errors import (
     RetryableError,
     TransportError,
     UsageError,
-)
-from outrelay.core.hookspecs import hookimpl
-from outrelay.core.progress import Progress, current_progress, sending
-from outrelay.core.reading import Reader, Received
-from outrelay.core.registry import Registry
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec, no_ack
-from outrelay.core.templates import RejectedTarget, Template
-from outrelay.core.transport import (
-    Capabilities,
-    Delivered,
-    Message,
-    NotSent,
-    Rejected,
-    RetryLater,
-    SendResult,
-    Transport,
-    TransportConfig,
 )
 from outrelay.kit._disable import DisablingErrorMap
 from outrelay.kit._each import send_each

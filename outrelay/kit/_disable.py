@@ -17,8 +17,8 @@ stay pending until an operator runs ``outrelay enable``), and from
 
 from __future__ import annotations
 
-from outrelay.core.errors import OutrelayError
-from outrelay.core.transport import Rejected, SendResult
+from outrelay.core.contract.transport import Rejected, SendResult
+from outrelay.core.model.errors import OutrelayError
 from outrelay.kit._errors import ErrorMap, Kind, Match, Rule
 
 __all__ = ["DisablingErrorMap"]

@@ -8,7 +8,7 @@ it writes it, so it needs neither tasks nor futures, only the order rule::
 
 :func:`send_each` is synchronous so that it may also run in a worker thread
 (``asyncio.to_thread``); it therefore does not record the outcomes itself (a
-:class:`~outrelay.core.progress.Progress` is reported from the event loop's
+:class:`~outrelay.core.contract.progress.Progress` is reported from the event loop's
 thread): the caller records them as soon as it has them.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from outrelay.core.progress import Progress
-from outrelay.core.transport import Delivered, Message, SendResult
+from outrelay.core.contract.progress import Progress
+from outrelay.core.contract.transport import Delivered, Message, SendResult
 from outrelay.kit._ordering import deferred, not_sent
 
 __all__ = ["send_each"]

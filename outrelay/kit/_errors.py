@@ -34,8 +34,8 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Literal, TypeAlias
 
-from outrelay.core.errors import OutrelayError, PermanentError, RetryableError, TransportError
-from outrelay.core.transport import Rejected, RetryLater, SendResult
+from outrelay.core.contract.transport import Rejected, RetryLater, SendResult
+from outrelay.core.model.errors import OutrelayError, PermanentError, RetryableError, TransportError
 
 __all__ = ["ErrorMap", "Kind", "Rule", "redact"]
 

@@ -1,6 +1,6 @@
 """The open/close state machine every transport needs, written once.
 
-:class:`LifecycleTransport` is a :class:`~outrelay.core.transport.Transport`
+:class:`LifecycleTransport` is a :class:`~outrelay.core.contract.transport.Transport`
 whose public ``open``/``send``/``close``/``check`` enforce the contract, so a
 subclass writes only its broker's work in ``_open``/``_send``/``_close``::
 
@@ -59,11 +59,11 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, Generic, Literal, TypeVar
 
-from outrelay.core.envelope import Event
-from outrelay.core.errors import OutrelayError, RetryableError, UsageError
-from outrelay.core.segments import Segment
-from outrelay.core.templates import Template
-from outrelay.core.transport import Message, SendResult, Transport, TransportConfig
+from outrelay.core.contract.segments import Segment
+from outrelay.core.contract.templates import Template
+from outrelay.core.contract.transport import Message, SendResult, Transport, TransportConfig
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import OutrelayError, RetryableError, UsageError
 from outrelay.kit._errors import ErrorMap
 
 __all__ = ["LifecycleTransport", "State"]

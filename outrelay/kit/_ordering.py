@@ -1,7 +1,7 @@
 """Ordering helpers: send a batch keeping ``ordered_batches`` honest, and report progress.
 
 Three ways to send, from the safest to the fastest; each records every
-outcome in the send's :class:`~outrelay.core.progress.Progress` before the
+outcome in the send's :class:`~outrelay.core.contract.progress.Progress` before the
 send can be cut after it, and honours its deadline and stop (so a cut batch keeps what was
 confirmed, and nothing is started that cannot finish):
 
@@ -14,7 +14,7 @@ confirmed, and nothing is started that cannot finish):
 
 After a key's first failure its later messages are not started
 (:func:`not_sent`); a message not started for the deadline or a stop is
-reported with :func:`deferred`. Both are :class:`~outrelay.core.transport.NotSent`.
+reported with :func:`deferred`. Both are :class:`~outrelay.core.contract.transport.NotSent`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from outrelay.core.progress import DEADLINE_MARGIN, Progress, current_progress
-from outrelay.core.transport import Delivered, Message, NotSent, Rejected, RetryLater, SendResult
+from outrelay.core.contract.progress import DEADLINE_MARGIN, Progress, current_progress
+from outrelay.core.contract.transport import Delivered, Message, NotSent, Rejected, RetryLater, SendResult
 
 __all__ = [
     "deferred",

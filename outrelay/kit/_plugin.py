@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from outrelay.core.hookspecs import hookimpl
+from outrelay.core.config.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from outrelay.core.registry import Registry
-    from outrelay.core.transport import Transport
+    from outrelay.core.config.registry import Registry
+    from outrelay.core.contract.transport import Transport
 
 __all__ = ["transport_plugin"]
 

@@ -14,10 +14,10 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
-from outrelay.core._draft import builder
-from outrelay.core.cloudevents import from_attributes, from_structured, is_structured
-from outrelay.core.envelope import Event
-from outrelay.core.reading import Received
+from outrelay.core.contract.reading import Received
+from outrelay.core.model._draft import builder
+from outrelay.core.model.cloudevents import from_attributes, from_structured, is_structured
+from outrelay.core.model.envelope import Event
 
 __all__ = ["event_from_record", "read_until", "received"]
 
@@ -86,7 +86,7 @@ def received(
 
     For a consumer's per-record path: a frozen dataclass's ``__init__`` sets each field through
     ``object.__setattr__``, which costs as much again as decoding the headers. The fields are
-    filled by a generated builder (:func:`outrelay.core._draft.builder`; the field order is checked
+    filled by a generated builder (:func:`outrelay.core.model._draft.builder`; the field order is checked
     against :class:`Received` at import), so a transport never reaches into the layout itself.
     Nothing is validated, as with the constructor.
     """

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import ssl
 
-from outrelay.core.errors import PermanentError
+from outrelay.core.model.errors import PermanentError
 
 __all__ = ["certificate_refused", "client_ssl_context", "tls_hint"]
 

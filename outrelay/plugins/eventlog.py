@@ -1,6 +1,6 @@
 """Event logs: one structured line per published event, on ``outrelay.events``.
 
-Every event a destination's broker confirmed (:class:`~outrelay.core.transport.Delivered`,
+Every event a destination's broker confirmed (:class:`~outrelay.core.contract.transport.Delivered`,
 duplicates included) gives one INFO record on the logger ``outrelay.events``
 with these fields (the seed's names)::
 
@@ -54,9 +54,9 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from outrelay.core.envelope import Event
-from outrelay.core.hookspecs import ConfigView, hookimpl
-from outrelay.core.transport import Delivered, Message, SendResult
+from outrelay.core.config.hookspecs import ConfigView, hookimpl
+from outrelay.core.contract.transport import Delivered, Message, SendResult
+from outrelay.core.model.envelope import Event
 
 __all__ = ["LOGGER_NAME", "EventLines", "EventLog", "EventLogConfig", "event_fields", "event_log_config", "sampled"]
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from outrelay.core.hookspecs import hookimpl
+from outrelay.core.config.hookspecs import hookimpl
 
 __all__ = ["DEFAULT_STALL_AFTER", "STORE_TIMEOUT", "Health", "Readiness"]
 

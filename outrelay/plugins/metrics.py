@@ -27,7 +27,7 @@ Relay metrics (all labelled by ``destination``)::
 
 and, unlabelled by destination, ``outrelay_unrouted_events_total{reason}``: events no
 destination matched (``no_route``, ``tenant``), counted by this relay process
-(:mod:`outrelay.core.unrouted`).
+(:mod:`outrelay.core.relay.unrouted`).
 
 ``outrelay_delivery_latency_seconds`` starts at the event's ``time``: the
 envelope time, set when the application created the event just before
@@ -58,11 +58,11 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from outrelay.core.hookspecs import hookimpl
-from outrelay.core.replay import replay_counts
-from outrelay.core.routing import UNROUTED_REASONS
+from outrelay.core.config.hookspecs import hookimpl
+from outrelay.core.contract.transport import Delivered, Message, NotSent, Rejected, RetryLater, SendResult
+from outrelay.core.history.replay import replay_counts
+from outrelay.core.relay.routing import UNROUTED_REASONS
 from outrelay.core.stores.base import DestinationStatus
-from outrelay.core.transport import Delivered, Message, NotSent, Rejected, RetryLater, SendResult
 from outrelay.plugins.health import Health
 
 __all__ = ["Metrics", "serve_metrics", "was_not_sent"]
@@ -137,9 +137,9 @@ class Metrics:
         self.breaker_transitions[(destination, state)] += 1
 
     def watch(self, source: Any) -> None:
-        """Report the consumed events of ``source``: an :class:`~outrelay.core.bus.EventBus`
+        """Report the consumed events of ``source``: an :class:`~outrelay.core.consumer.bus.EventBus`
         (each of its subscriptions, present and future) or one
-        :class:`~outrelay.core.subscriber.Subscription`. Counts are read at scrape time from
+        :class:`~outrelay.core.consumer.subscriber.Subscription`. Counts are read at scrape time from
         the subscriptions' own counters, so watching costs nothing per event. A subscription
         that starts and stops between two scrapes of a watched bus is not seen."""
         if hasattr(source, "stats"):

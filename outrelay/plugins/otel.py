@@ -5,7 +5,7 @@ A built-in plugin: it observes ``outrelay_relay_started``/``stopped`` and
 tracing is on — ``[tracing] enabled = true`` in the relay's config,
 ``OUTRELAY_TRACING=1``, or :func:`enable_tracing` in an embedding process.
 The producer and subscriber halves (trace context stored at append, CONSUMER
-spans around handlers) live in :mod:`outrelay.core.tracecontext`.
+spans around handlers) live in :mod:`outrelay.core.model.tracecontext`.
 
 Spans per batch a destination sends, recorded after settlement with the
 batch's real start and end times (the send path itself runs no tracing code)::
@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from outrelay.core import tracecontext
-from outrelay.core.hookspecs import ConfigView, hookimpl
-from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult
+from outrelay.core.config.hookspecs import ConfigView, hookimpl
+from outrelay.core.contract.transport import Delivered, Message, Rejected, RetryLater, SendResult
+from outrelay.core.model import tracecontext
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider

@@ -25,8 +25,8 @@ from typing import Any
 import orjson
 
 from outrelay import Event
-from outrelay.core.bus import EventBus
-from outrelay.core.inbox import Inbox
+from outrelay.core.consumer.bus import EventBus
+from outrelay.core.consumer.inbox import Inbox
 
 __all__ = ["Recorder", "run_member"]
 

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 from outrelay import Event, Outbox, Relay, load_config
-from outrelay.core.bus import EventBus
-from outrelay.core.subscriber import Subscription
+from outrelay.core.consumer.bus import EventBus
+from outrelay.core.consumer.subscriber import Subscription
 from tests.bus._member import Recorder
 from tests.bus.backends import BusBackend
 

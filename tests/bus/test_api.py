@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from outrelay import ConfigError, ConsumerDeadLetters, Event, EventBus, Inbox, Registry, RetryableError, parse_config
-from outrelay.core.config import RetryPolicy
-from outrelay.core.subscriber import Subscription
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
-from outrelay.core.transport import Received
+from outrelay.core.config.config import RetryPolicy
+from outrelay.core.consumer.subscriber import Subscription
+from outrelay.core.contract.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
+from outrelay.core.contract.transport import Received
 from outrelay.transports.memory import MemoryTransport
 from tests.services import need, port_open
 
@@ -263,7 +263,7 @@ class TestCli:
         cfg.write_text(f'[outbox]\nurl = "sqlite:///{tmp_path}/o.db"\n')
         dlq = ConsumerDeadLetters(f"sqlite:///{tmp_path}/o.db")
         e = Event(type="order.paid", stream="o-1")
-        from outrelay.core import cloudevents
+        from outrelay.core.model import cloudevents
 
         dl = dlq.record(consumer="billing", member="m1", event_id=e.id, type=e.type, stream=e.stream, tenant=None,
                         body=cloudevents.to_structured(e), content_type=None, reason="ValueError: boom", attempts=5,
@@ -320,7 +320,7 @@ class TestUpcasting:
     async def test_handlers_see_the_current_version(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """An event stored at v1 reaches the handler at v2 through the registered upcaster; one with no
         path is dead-lettered with the reason."""
-        from outrelay.core import upcasting
+        from outrelay.core.history import upcasting
 
         registry = upcasting.Upcasters()
         registry.register("order.placed", "1", lambda d: {**d, "currency": "EUR"})

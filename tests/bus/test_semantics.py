@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from outrelay import Event, RetryPolicy
-from outrelay.core.consumer_dlq import ConsumerDeadLetters
+from outrelay.core.consumer.consumer_dlq import ConsumerDeadLetters
 from outrelay.transports.memory import MemoryTransport
 from tests.bus.backends import BACKENDS, BusBackend, make_backend
 from tests.bus.harness import Harness, events_for

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis.asyncio as aioredis
 
-from outrelay.core.transport import Reader
+from outrelay.core.contract.transport import Reader
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._transport import NatsTransport

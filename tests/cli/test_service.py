@@ -15,8 +15,8 @@ import orjson
 from outrelay import parse_config
 from outrelay._version import __version__
 from outrelay.cli._summary import startup_line
-from outrelay.core.registry import Registry
-from outrelay.core.relay import build_transports
+from outrelay.core.config.registry import Registry
+from outrelay.core.relay.relay import build_transports
 from tests.cli.conftest import Cli
 from tests.services import free_port
 

@@ -13,8 +13,9 @@ import orjson
 import pytest
 
 from outrelay import Event, Outbox, parse_config
-from outrelay.core import audit, cloudevents
-from outrelay.core.consumer_dlq import ConsumerDeadLetters
+from outrelay.core.consumer.consumer_dlq import ConsumerDeadLetters
+from outrelay.core.history import audit
+from outrelay.core.model import cloudevents
 from tests.cli.conftest import Cli
 
 

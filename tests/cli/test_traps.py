@@ -61,7 +61,8 @@ def test_replay_refuses_events_without_an_upcaster_path(
     holding a version no upcaster leads from is one error line and a non-zero exit with nothing queued, as the
     filtered replay already was; a stream whose events upcast is replayed."""
     from outrelay import Event, Outbox
-    from outrelay.core import registry, upcasting
+    from outrelay.core.config import registry
+    from outrelay.core.history import upcasting
 
     (tmp_path / "outrelay.toml").write_text(FILES)
     (tmp_path / "billing_upcasters.py").write_text(UPCASTERS)

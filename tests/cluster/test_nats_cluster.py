@@ -31,7 +31,7 @@ import nats.js.api
 import pytest
 
 from outrelay import Event, Outbox, PermanentError, Relay, RetryableError, parse_config
-from outrelay.core.transport import Received
+from outrelay.core.contract.transport import Received
 from outrelay.transports.nats._config import NatsConfig
 from outrelay.transports.nats._transport import NatsTransport
 from tests.cluster._nats_cluster import NatsCluster, nats_cluster, nats_cluster_atomic, stepdown, stream_leader

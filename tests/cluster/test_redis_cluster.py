@@ -18,8 +18,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from outrelay import Event, Message, PermanentError
-from outrelay.core.subscription import SubscriptionSpec
-from outrelay.core.transport import Delivered, Rejected, RetryLater
+from outrelay.core.contract.subscription import SubscriptionSpec
+from outrelay.core.contract.transport import Delivered, Rejected, RetryLater
 from outrelay.transports.redis._batch import HELD
 from outrelay.transports.redis._reader import decode
 from outrelay.transports.redis._slots import plan

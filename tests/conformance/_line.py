@@ -29,9 +29,7 @@ from pydantic import SecretStr
 
 from outrelay.conformance import ConformanceTarget
 from outrelay.conformance._binding import Binding
-from outrelay.core import cloudevents
-from outrelay.core.errors import PermanentError, RetryableError, UsageError
-from outrelay.core.transport import (
+from outrelay.core.contract.transport import (
     Capabilities,
     Delivered,
     Message,
@@ -43,6 +41,8 @@ from outrelay.core.transport import (
     Transport,
     TransportConfig,
 )
+from outrelay.core.model import cloudevents
+from outrelay.core.model.errors import PermanentError, RetryableError, UsageError
 from outrelay.transports.memory import MemoryReader, MemoryTransport
 
 TOKEN = "line-token-s3cr3t-Zq9"

@@ -2,7 +2,7 @@
 
 Messages go to a SQLite file (WAL), so members in other processes consume
 them, and its :class:`SqlSubscription` keeps the whole contract of
-:mod:`outrelay.core.subscription` in one place:
+:mod:`outrelay.core.contract.subscription` in one place:
 
 * **group** — the group's position is a row; messages past it are moved into
   ``pending`` (free, ``member`` NULL) and handed, in sequence order, to a
@@ -28,9 +28,9 @@ from typing import Any
 
 import orjson
 
-from outrelay.core import cloudevents
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
-from outrelay.core.transport import Capabilities, Delivered, Message, Received, SendResult, TransportConfig
+from outrelay.core.contract.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
+from outrelay.core.contract.transport import Capabilities, Delivered, Message, Received, SendResult, TransportConfig
+from outrelay.core.model import cloudevents
 from outrelay.kit import LifecycleTransport
 
 SCHEMA = """

@@ -7,7 +7,7 @@ from typing import Any
 
 from outrelay.conformance import Binding
 from outrelay.conformance._binding import HTTP
-from outrelay.core.transport import Message
+from outrelay.core.contract.transport import Message
 from tests.conformance._broken import assert_fails
 from tests.conformance._line import LineTransport, line_target
 

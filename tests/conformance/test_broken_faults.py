@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from outrelay.core.errors import PermanentError
-from outrelay.core.transport import Delivered, Message, Rejected, RetryLater, SendResult
+from outrelay.core.contract.transport import Delivered, Message, Rejected, RetryLater, SendResult
+from outrelay.core.model.errors import PermanentError
 from tests.conformance._broken import assert_fails
 from tests.conformance._line import LineTransport, line_target
 

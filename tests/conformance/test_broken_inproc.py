@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from outrelay.conformance._harness import run_check
-from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.core.transport import Capabilities, Message, Rejected, RetryLater, SendResult
+from outrelay.core.contract.transport import Capabilities, Message, Rejected, RetryLater, SendResult
+from outrelay.core.model.errors import PermanentError, RetryableError
 from tests.conformance._broken import assert_fails
 from tests.conformance._line import LineTransport, line_target
 

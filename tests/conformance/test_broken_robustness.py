@@ -6,8 +6,8 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
-from outrelay.core.errors import UsageError
-from outrelay.core.transport import Message, RetryLater, SendResult
+from outrelay.core.contract.transport import Message, RetryLater, SendResult
+from outrelay.core.model.errors import UsageError
 from tests.conformance._broken import assert_fails
 from tests.conformance._line import LineTransport, line_target
 

@@ -6,8 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from outrelay.core.errors import PermanentError, RetryableError
-from outrelay.core.transport import Message, RetryLater, SendResult
+from outrelay.core.contract.transport import Message, RetryLater, SendResult
+from outrelay.core.model.errors import PermanentError, RetryableError
 from tests.conformance._broken import assert_fails
 from tests.conformance._line import LineTransport, line_target
 

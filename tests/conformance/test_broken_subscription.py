@@ -11,8 +11,8 @@ import pytest
 
 from outrelay.conformance import CHECKS, ConformanceTarget
 from outrelay.conformance._harness import run_check
-from outrelay.core.errors import PermanentError, UsageError
-from outrelay.core.subscription import Inbound, SubscriptionSpec
+from outrelay.core.contract.subscription import Inbound, SubscriptionSpec
+from outrelay.core.model.errors import PermanentError, UsageError
 from tests.conformance._broken import assert_fails
 from tests.conformance._sqlbus import SqlBusConfig, SqlBusTransport, SqlSubscription, put_foreign
 

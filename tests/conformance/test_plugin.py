@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 from outrelay.conformance import ConformanceSuite, ConformanceTarget
-from outrelay.core.errors import RetryableError
+from outrelay.core.model.errors import RetryableError
 from outrelay.transports.memory import MemoryConfig, MemoryTransport
 
 

@@ -15,8 +15,8 @@ from outrelay.conformance import CHECKS
 from outrelay.conformance._harness import run_check
 from outrelay.conformance._runner_hooks import RunnerHooks, endpoint_fields, load_hooks
 from outrelay.conformance.runner import build_target, target_option
-from outrelay.core.envelope import Event
-from outrelay.core.errors import ConfigError
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import ConfigError
 from outrelay.transports.file import FileTransport
 from outrelay.transports.memory import MemoryTransport
 from tests.peers.redis import redis_url

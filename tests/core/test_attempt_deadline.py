@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from outrelay import Event, Outbox, Relay, parse_config
-from outrelay.core.transport import Delivered, Message, SendResult
+from outrelay.core.contract.transport import Delivered, Message, SendResult
 from outrelay.transports.memory import MemoryConfig, MemoryTransport
 
 GRACE = 1.0

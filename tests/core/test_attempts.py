@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from outrelay import Event, Outbox, Relay
-from outrelay.core.attempts import AttemptLog, encode_detail
-from outrelay.core.config import AttemptsConfig
+from outrelay.core.config.config import AttemptsConfig
+from outrelay.core.contract.transport import Delivered, NotSent, Rejected, RetryLater
+from outrelay.core.relay.attempts import AttemptLog, encode_detail
 from outrelay.core.stores.base import Settlement, Store
-from outrelay.core.transport import Delivered, NotSent, Rejected, RetryLater
 from outrelay.transports.webhook.receiver import WebhookReceiver
 from tests.cli.conftest import Cli, cli_here  # noqa: F401 - fixture
 from tests.stores.conftest import pg_schema, pg_url, store  # noqa: F401 - fixtures
@@ -56,7 +56,7 @@ def _config(tmp_path: Path, url: str, hook_url: str, **attempts: Any) -> Path:
 
 
 async def _drain(path: Path) -> None:
-    from outrelay.core.config import load_config
+    from outrelay.core.config.config import load_config
 
     cfg = load_config(path)
     outbox = Outbox.open(cfg.outbox.url)

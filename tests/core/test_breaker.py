@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from outrelay import Event, Outbox, Relay, hookimpl, parse_config
-from outrelay.core.breaker import Breaker, read_states, save_state
-from outrelay.core.config import BreakerConfig
-from outrelay.core.transport import Delivered, NotSent, Rejected, RetryLater
+from outrelay.core.config.config import BreakerConfig
+from outrelay.core.contract.transport import Delivered, NotSent, Rejected, RetryLater
+from outrelay.core.relay.breaker import Breaker, read_states, save_state
 from outrelay.transports.memory import MemoryTransport
 from outrelay.transports.webhook.receiver import WebhookReceiver
 from tests.stores.conftest import pg_schema, pg_url  # noqa: F401 - fixture

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from outrelay import Event, EventError
-from outrelay.core import cloudevents as ce
+from outrelay.core.model import cloudevents as ce
 
 EVENTS = [
     Event(type="workflow.created", stream="wf-1", data={"a": [1, 2]}, tenant="acme", sequence=5),

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from outrelay import Event, EventError
-from outrelay.core import cloudevents as ce
+from outrelay.core.model import cloudevents as ce
 
 FULL = Event(
     type="order.created",

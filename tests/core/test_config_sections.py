@@ -15,8 +15,8 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from outrelay import ConfigError, OutrelayConfig, hookimpl, load_config, parse_config
-from outrelay.core.config import config_model
-from outrelay.core.registry import Registry, get_registry, set_registry
+from outrelay.core.config.config import config_model
+from outrelay.core.config.registry import Registry, get_registry, set_registry
 from outrelay.plugins.crypto import CryptoConfig, crypto_config
 from outrelay.plugins.eventlog import EventLogConfig, event_log_config
 from outrelay.plugins.otel import TracingConfig, tracing_config

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from outrelay import Event
-from outrelay.core._draft import _copier, drafting
+from outrelay.core.model._draft import _copier, drafting
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from outrelay import Event, EventError
-from outrelay.core.ids import uuid7
+from outrelay.core.model.ids import uuid7
 
 
 class TestEvent:

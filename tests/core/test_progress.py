@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import pytest
 
 from outrelay import Event, Outbox, Relay, parse_config
-from outrelay.core.registry import Registry
+from outrelay.core.config.registry import Registry
 from outrelay.kit import (
     Delivered,
     LifecycleTransport,

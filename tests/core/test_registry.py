@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from outrelay import ConfigError, MissingExtraError, Registry, UnknownTransportError, hookimpl
-from outrelay.core.config import parse_config
-from outrelay.core.registry import get_registry, set_registry
-from outrelay.core.upcasting import Upcasters
+from outrelay.core.config.config import parse_config
+from outrelay.core.config.registry import get_registry, set_registry
+from outrelay.core.history.upcasting import Upcasters
 
 PLUGIN = """
 from collections.abc import Sequence
@@ -186,9 +186,9 @@ class TestProcessRegistry:
 
     def test_callers_without_a_registry_use_the_process_one(self) -> None:
         """The store opener, the bus, the upcasters and the subscriber runtime take the process's registry."""
-        from outrelay.core.bus import EventBus
-        from outrelay.core.outbox import open_store
-        from outrelay.core.subscriber import _receive_transforms
+        from outrelay.core.consumer.bus import EventBus
+        from outrelay.core.consumer.subscriber import _receive_transforms
+        from outrelay.core.stores.outbox import open_store
 
         mine = Registry(autoload=False)
         recorder = _Recorder()

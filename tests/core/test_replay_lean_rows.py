@@ -9,10 +9,10 @@ import orjson
 import pytest
 
 from outrelay import Event
-from outrelay.core.errors import EventError
-from outrelay.core.lean import LeanEvent, read_lean_pages
+from outrelay.core.history.lean import LeanEvent, read_lean_pages
+from outrelay.core.history.upcasting import Upcasters
+from outrelay.core.model.errors import EventError
 from outrelay.core.stores.base import HistoryFilter
-from outrelay.core.upcasting import Upcasters
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

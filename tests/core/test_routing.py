@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from outrelay import ConfigError, Event, RouteConfig
-from outrelay.core.routing import Router
-from outrelay.core.templates import Template
+from outrelay.core.contract.templates import Template
+from outrelay.core.relay.routing import Router
 
 
 class TestRouter:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from outrelay import ConfigError, Event, Outbox, Relay, parse_config
-from outrelay.core.segments import RejectedTarget
-from outrelay.core.templates import Template
+from outrelay.core.contract.segments import RejectedTarget
+from outrelay.core.contract.templates import Template
 
 FAST = {"initial_delay": 0.01, "max_delay": 0.05, "jitter": 0.0}
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from outrelay import Event, Outbox, Relay, RouteConfig, parse_config
-from outrelay.core.routing import Router
-from outrelay.core.unrouted import read_unrouted
+from outrelay.core.relay.routing import Router
+from outrelay.core.relay.unrouted import read_unrouted
 from outrelay.plugins.metrics import Metrics
 
 

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from outrelay import Event
-from outrelay.core.errors import EventError
-from outrelay.core.hookspecs import hookimpl
-from outrelay.core.registry import Registry
-from outrelay.core.upcasting import Upcasters, upcast
+from outrelay.core.config.hookspecs import hookimpl
+from outrelay.core.config.registry import Registry
+from outrelay.core.history.upcasting import Upcasters, upcast
+from outrelay.core.model.errors import EventError
 
 
 def v1(data: Any = None, type: str = "order.placed", version: str = "1") -> Event:
@@ -87,7 +87,7 @@ def test_version_of_reads_the_stored_envelope(version: str) -> None:
     """version_of finds event_version in a stored envelope, escaped characters included."""
     import orjson
 
-    from outrelay.core.lean import version_of
+    from outrelay.core.history.lean import version_of
 
     attrs = orjson.dumps(v1(version=version).attributes())
     assert version_of(attrs) == version

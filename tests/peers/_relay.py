@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from outrelay import Event, Outbox, Relay, RunSummary, parse_config
-from outrelay.core.transport import Reader, Received
+from outrelay.core.contract.transport import Reader, Received
 
 __all__ = ["RoundTrip", "drain_with_cuts", "relay_round_trip"]
 

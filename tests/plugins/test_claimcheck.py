@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from outrelay import Event, EventBus, Outbox, Relay, parse_config
-from outrelay.core import cloudevents
+from outrelay.core.model import cloudevents
 from outrelay.plugins import claimcheck
 from tests.peers.moto import DUMMY, aws_client, aws_options, unique
 from tests.peers.redis import redis_url  # noqa: F401 - fixture

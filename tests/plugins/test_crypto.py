@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from outrelay import Event, EventBus, Outbox, Relay, parse_config
-from outrelay.core import cloudevents
-from outrelay.core._draft import copier
-from outrelay.core.config import OutrelayConfig
-from outrelay.core.consumer_dlq import ConsumerDeadLetters
-from outrelay.core.errors import ConfigError, EventError, MissingExtraError
-from outrelay.core.subscriber import Subscription
+from outrelay.core.config.config import OutrelayConfig
+from outrelay.core.consumer.consumer_dlq import ConsumerDeadLetters
+from outrelay.core.consumer.subscriber import Subscription
+from outrelay.core.model import cloudevents
+from outrelay.core.model._draft import copier
+from outrelay.core.model.errors import ConfigError, EventError, MissingExtraError
 from outrelay.plugins.crypto import ENCRYPTED_CONTENT_TYPE, PayloadCrypto, is_sealed, reveal, uninstall
 from outrelay.plugins.crypto._keys import Keyring
 from outrelay.plugins.crypto._seal import Opener, Sealer

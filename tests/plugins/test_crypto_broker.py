@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from outrelay import Event, EventBus, Outbox, Relay, parse_config
-from outrelay.core.config import OutrelayConfig
+from outrelay.core.config.config import OutrelayConfig
 from outrelay.plugins.crypto import PayloadCrypto, is_sealed, uninstall
 from tests.plugins.test_crypto import crypto_of, keys, new_key
 

@@ -13,9 +13,9 @@ import pytest
 
 from outrelay import Event, Outbox, Relay, parse_config
 from outrelay.cli._jsonlog import JsonFormatter, TextFormatter
-from outrelay.core.errors import ConfigError
-from outrelay.core.hookspecs import hookimpl
-from outrelay.core.transport import Delivered, Message, Rejected, RetryLater
+from outrelay.core.config.hookspecs import hookimpl
+from outrelay.core.contract.transport import Delivered, Message, Rejected, RetryLater
+from outrelay.core.model.errors import ConfigError
 from outrelay.plugins.eventlog import LOGGER_NAME, EventLines, EventLog, sampled
 
 SEED_FIELDS = ("eventId", "workflowId", "executionId", "tenantId", "eventType", "producer", "timestamp")

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 
 from outrelay import Event, EventBus, Outbox, Relay, parse_config
-from outrelay.core.replay import replay, replay_counts
-from outrelay.core.subscriber import SubscriptionStats
-from outrelay.core.transport import Delivered, Message, Rejected
+from outrelay.core.consumer.subscriber import SubscriptionStats
+from outrelay.core.contract.transport import Delivered, Message, Rejected
+from outrelay.core.history.replay import replay, replay_counts
 from outrelay.plugins.metrics import Metrics, serve_metrics
 from outrelay.transports.memory import MemoryTransport
 

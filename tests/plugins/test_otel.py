@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
 
 from outrelay import Event, EventBus, Outbox, Relay, parse_config, read_stream
-from outrelay.core import tracecontext
+from outrelay.core.model import tracecontext
 from outrelay.plugins.otel import disable_tracing, enable_tracing
 from outrelay.transports.memory import MemoryTransport
 from tests.stores.conftest import pg_schema, pg_url
@@ -293,7 +293,7 @@ def test_bus_from_config_with_tracing_enabled_turns_it_on(tmp_path: Path) -> Non
     )
     code = (
         "from outrelay import EventBus\n"
-        "from outrelay.core import tracecontext\n"
+        "from outrelay.core.model import tracecontext\n"
         f"EventBus.from_config({str(tmp_path / 'outrelay.toml')!r})\n"
         "print(tracecontext.active)\n"
     )
@@ -309,7 +309,7 @@ def test_environment_switch_turns_tracing_on(tmp_path: Path) -> None:
 
     code = (
         "from outrelay import Outbox\n"
-        "from outrelay.core import tracecontext\n"
+        "from outrelay.core.model import tracecontext\n"
         f"Outbox.open('sqlite:///{tmp_path}/o.db').close()\n"
         "print(tracecontext.active)\n"
     )

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import psycopg
 
 from outrelay import Outbox, Relay
-from outrelay.core.config import OutrelayConfig, RelayConfig
-from outrelay.core.transport import Capabilities, Delivered, Message, SendResult, Transport, TransportConfig
+from outrelay.core.config.config import OutrelayConfig, RelayConfig
+from outrelay.core.contract.transport import Capabilities, Delivered, Message, SendResult, Transport, TransportConfig
 
 
 class SinkConfig(TransportConfig):

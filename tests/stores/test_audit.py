@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from outrelay import Event
-from outrelay.core.audit import GENESIS, AuditKey, AuditStore, Chain, ids_digest, record_hash, verify
+from outrelay.core.history.audit import GENESIS, AuditKey, AuditStore, Chain, ids_digest, record_hash, verify
 from outrelay.core.stores.base import Settlement, Store
 from tests.stores.conftest import pg_admin_url
 

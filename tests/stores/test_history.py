@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from outrelay import Event
-from outrelay.core.errors import EventError, NotFoundError
-from outrelay.core.history import aread_stream, ascan, read_stream, scan
-from outrelay.core.lean import read_lean
-from outrelay.core.replay import Projection, rebuild, replay, replay_many, verify_snapshot
+from outrelay.core.history.history import aread_stream, ascan, read_stream, scan
+from outrelay.core.history.lean import read_lean
+from outrelay.core.history.replay import Projection, rebuild, replay, replay_many, verify_snapshot
+from outrelay.core.history.upcasting import Upcasters
+from outrelay.core.model.errors import EventError, NotFoundError
 from outrelay.core.stores.base import Settlement, Store
-from outrelay.core.upcasting import Upcasters
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NONE = Upcasters()  # read events as stored
@@ -312,8 +312,8 @@ class TestScale:
 class TestRedeliver:
     def test_requeue_sends_the_selection_again_in_order(self, store: Store) -> None:
         """plan counts the selection without queuing; requeue queues only routed, selected events, in order."""
-        from outrelay.core.history import HistoryFilter
-        from outrelay.core.redeliver import plan, requeue
+        from outrelay.core.history.history import HistoryFilter
+        from outrelay.core.history.redeliver import plan, requeue
 
         store.append([ev(f"s{i % 2}", i, "a.x" if i % 3 else "b.y") for i in range(12)])
         deliver_all(store)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outrelay.core.envelope import Event
+from outrelay.core.model.envelope import Event
 from outrelay.core.stores.base import Settlement, Store
 from outrelay.core.stores.lanes import LaneOperations
 

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from outrelay import Event, Outbox
-from outrelay.core.errors import ConfigError, EventError, StoreError
+from outrelay.core.model.errors import ConfigError, EventError, StoreError
 from outrelay.core.stores.base import Settlement
 from outrelay.core.stores.postgres import PostgresStore
 from outrelay.core.stores.postgres_schema import MIGRATIONS, Names, _bootstrap

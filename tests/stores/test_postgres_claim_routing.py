@@ -20,8 +20,8 @@ import psycopg
 import pytest
 
 from outrelay import Event, Outbox, Relay
-from outrelay.core.config import DestinationConfig, OutrelayConfig, RelayConfig
-from outrelay.core.errors import StoreError
+from outrelay.core.config.config import DestinationConfig, OutrelayConfig, RelayConfig
+from outrelay.core.model.errors import StoreError
 from outrelay.core.stores.base import Settlement
 from outrelay.core.stores.postgres import PostgresStore
 from outrelay.transports.memory import MemoryConfig, MemoryTransport

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from outrelay import Event, Outbox, Relay
-from outrelay.core.config import OutrelayConfig, RelayConfig
+from outrelay.core.config.config import OutrelayConfig, RelayConfig
 from outrelay.transports.memory import MemoryConfig, MemoryTransport
 from tests.stores.conftest import pg_admin_url, pg_url
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from outrelay import Event
-from outrelay.core.errors import StoreError
+from outrelay.core.model.errors import StoreError
 from outrelay.core.stores.base import Settlement
 from outrelay.core.stores.postgres import PostgresStore
 from outrelay.core.stores.postgres_script import _literal

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from outrelay import Event
-from outrelay.core.routing import Router
+from outrelay.core.relay.routing import Router
 from outrelay.core.stores.base import Settlement
 from outrelay.core.stores.sqlite import SQLiteStore
 from outrelay.core.stores.sqlite_schema import MIGRATIONS

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from outrelay import Event
-from outrelay.core.errors import EventError, NotFoundError
+from outrelay.core.model.errors import EventError, NotFoundError
 from outrelay.core.stores.base import Claimed, Settlement, Store
 
 T0 = 1_000_000.0
@@ -349,7 +349,7 @@ class TestStaticRouting:
     def test_every_destination_gets_every_event_in_order(self, store: Store) -> None:
         """In chunks of ``limit``: each destination's lanes hold their stream's events in order,
         pending counts add up, and nothing is routed twice."""
-        from outrelay.core.routing import Router
+        from outrelay.core.relay.routing import Router
 
         events = store.append([ev(f"s{i % 3}", i) for i in range(25)])
         router = Router([], ["a", "b"])

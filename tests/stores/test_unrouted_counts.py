@@ -8,7 +8,7 @@ import pytest
 
 from outrelay import ConfigError, Outbox, parse_config
 from outrelay.cli._validate import open_existing
-from outrelay.core.unrouted import add_unrouted, read_unrouted
+from outrelay.core.relay.unrouted import add_unrouted, read_unrouted
 from tests.stores.conftest import pg_url
 
 

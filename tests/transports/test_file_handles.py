@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from outrelay import Event
-from outrelay.core.transport import Delivered, Message
+from outrelay.core.contract.transport import Delivered, Message
 from outrelay.transports.file import FileConfig, FileTransport
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from outrelay import Event, Message, PermanentError, Rejected, RetryableError, RetryLater, UsageError
-from outrelay.core import cloudevents
-from outrelay.core.transport import Delivered
+from outrelay.core.contract.transport import Delivered
+from outrelay.core.model import cloudevents
 from outrelay.kit import NotSent, Progress, sending
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
 from tests.peers.kafka import KafkaPeer, client_certificate, new_topic

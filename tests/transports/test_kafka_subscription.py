@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from outrelay import Event, Message, PermanentError, RetryableError
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
-from outrelay.core.transport import Delivered
+from outrelay.core.contract.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
+from outrelay.core.contract.transport import Delivered
 from outrelay.transports.kafka._subscription import KafkaSubscription
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
 from tests.peers.kafka import KafkaPeer, new_topic, private_tansu
@@ -474,7 +474,7 @@ class TestKafkaStart:
 # A group member in its own process: joins, receives (prefetch 10) and never acks, prints what it holds, waits.
 _CHILD = """
 import asyncio, json, sys
-from outrelay.core.subscription import SubscriptionSpec
+from outrelay.core.contract.subscription import SubscriptionSpec
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
 
 async def main():

@@ -24,7 +24,7 @@ from outrelay import (
     RetryLater,
     UsageError,
 )
-from outrelay.core import cloudevents
+from outrelay.core.model import cloudevents
 from outrelay.transports.nats._acks import header_block
 from outrelay.transports.nats._config import NatsConfig, mask_url
 from outrelay.transports.nats._transport import NatsTransport, drop_unsent

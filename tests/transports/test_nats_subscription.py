@@ -15,7 +15,7 @@ import nats
 import pytest
 
 from outrelay import Event, Message, PermanentError, RetryableError
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
+from outrelay.core.contract.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
 from outrelay.transports.nats._config import NatsConfig, derive_target
 from outrelay.transports.nats._group import NatsGroup, names
 from outrelay.transports.nats._transport import NatsTransport

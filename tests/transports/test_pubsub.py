@@ -9,7 +9,7 @@ from collections import defaultdict
 import pytest
 
 from outrelay import Capabilities, Event, Message, RetryableError, TransportError, UsageError
-from outrelay.core.transport import Delivered, Rejected, RetryLater
+from outrelay.core.contract.transport import Delivered, Rejected, RetryLater
 from outrelay.transports.pubsub._config import PubSubConfig
 from outrelay.transports.pubsub._transport import PubSubTransport
 from tests.peers.pubsub_emulator import PROJECT, ThrottlingProxy, create_topic

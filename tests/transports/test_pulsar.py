@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from outrelay import Delivered, Event, Message, Registry, Rejected, RetryableError, RetryLater, UsageError
-from outrelay.core.errors import TransportError
+from outrelay.core.model.errors import TransportError
 from outrelay.kit import NotSent, Progress, sending
 from outrelay.transports.pulsar._transport import PulsarConfig, PulsarTransport
 

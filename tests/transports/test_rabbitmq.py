@@ -13,7 +13,7 @@ import aio_pika
 import pytest
 
 from outrelay import Delivered, Event, Message, PermanentError, Rejected, RetryableError, RetryLater, UsageError
-from outrelay.core import cloudevents
+from outrelay.core.model import cloudevents
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, mask_url
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
 from tests.peers.conformance_hooks import long_secret, rabbitmq_users

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from outrelay import Event, Outbox, Relay, parse_config
-from outrelay.core.transport import Received
+from outrelay.core.contract.transport import Received
 from outrelay.transports.rabbitmq._config import RabbitMQConfig
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
 from tests.peers._relay import assert_complete_and_ordered

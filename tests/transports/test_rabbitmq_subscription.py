@@ -16,7 +16,7 @@ import aio_pika
 import pytest
 
 from outrelay import Delivered, Event, Message, PermanentError, RetryableError, UsageError
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
+from outrelay.core.contract.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, binding_pattern
 from outrelay.transports.rabbitmq._subscriber import group_queue
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport

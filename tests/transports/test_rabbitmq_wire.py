@@ -8,7 +8,7 @@ import pytest
 from aiormq import spec
 
 from outrelay import Event
-from outrelay.core import cloudevents
+from outrelay.core.model import cloudevents
 from outrelay.transports.rabbitmq._wire import Properties
 
 UTC = datetime.UTC

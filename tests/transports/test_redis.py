@@ -12,9 +12,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from outrelay import Event, Message, PermanentError, Rejected, RetryableError, RetryLater, UsageError
-from outrelay.core import cloudevents
-from outrelay.core.progress import Progress, sending
-from outrelay.core.transport import Delivered, NotSent
+from outrelay.core.contract.progress import Progress, sending
+from outrelay.core.contract.transport import Delivered, NotSent
+from outrelay.core.model import cloudevents
 from outrelay.transports.redis._batch import HELD
 from outrelay.transports.redis._reader import decode
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport, encode

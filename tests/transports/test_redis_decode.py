@@ -12,8 +12,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from outrelay import Event
-from outrelay.core import cloudevents
-from outrelay.core.subscription import Inbound, SubscriptionSpec
+from outrelay.core.contract.subscription import Inbound, SubscriptionSpec
+from outrelay.core.model import cloudevents
 from outrelay.transports.redis import _gate
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport
 

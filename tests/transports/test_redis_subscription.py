@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from outrelay import Event, Message, PermanentError, RetryableError
-from outrelay.core.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
+from outrelay.core.contract.subscription import Inbound, SubscriptionBackend, SubscriptionSpec
 from outrelay.transports.redis._group import RedisGroup
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport
 from tests.peers.proxy import TcpProxy

@@ -19,7 +19,7 @@ import pytest
 
 from outrelay import Event, Message, RetryableError, TransportError, UsageError
 from outrelay.conformance._proxy import TcpProxy
-from outrelay.core.transport import Delivered, NotSent, Rejected, RetryLater
+from outrelay.core.contract.transport import Delivered, NotSent, Rejected, RetryLater
 from outrelay.kit import Progress, redact, sending
 from outrelay.transports.servicebus._config import ServiceBusConfig
 from outrelay.transports.servicebus._transport import ServiceBusTransport
@@ -419,7 +419,7 @@ def test_refused_credentials_stop_the_destination(kind: str) -> None:
     disable_destination (events stay pending), and one PermanentError line from open/check."""
     import azure.servicebus.exceptions as sbe
 
-    from outrelay.core.errors import PermanentError
+    from outrelay.core.model.errors import PermanentError
     from outrelay.transports.servicebus._errors import ERRORS, result
 
     cfg = ServiceBusConfig(connection_string=connection_string(1), queue="q")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from outrelay import Delivered, Event, Message, Registry, Rejected, RetryableError, RetryLater, UsageError
-from outrelay.core.errors import TransportError
+from outrelay.core.model.errors import TransportError
 from outrelay.transports.aws._sns import SNSConfig, SNSTransport
 from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, unique
 

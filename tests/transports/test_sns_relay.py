@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from outrelay.core.transport import Reader
+from outrelay.core.contract.transport import Reader
 from outrelay.transports.aws._sns import SNSConfig, SNSTransport
 from tests.peers._relay import relay_round_trip
 from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, unique

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from outrelay import ConfigError, Delivered, Event, Message, Registry, Rejected, RetryableError, RetryLater, UsageError
-from outrelay.core.errors import TransportError
+from outrelay.core.model.errors import TransportError
 from outrelay.kit import NotSent, Progress, sending
 from outrelay.transports.aws._sqs import SQSConfig, SQSTransport
 from tests.peers.moto import ThrottlingProxy, aws_client, aws_options, unique

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from outrelay.core.envelope import Event
-from outrelay.core.registry import Registry
-from outrelay.core.segments import RejectedTarget
-from outrelay.core.transport import Transport
+from outrelay.core.config.registry import Registry
+from outrelay.core.contract.segments import RejectedTarget
+from outrelay.core.contract.transport import Transport
+from outrelay.core.model.envelope import Event
 
 PROBES = ["..", ".", "../../victim/escaped", "acme.orders", "acme:s1", "s1:x", "a/b", "a\\b", "%2E%2E", "*", ">", "{x}"]
 PROBES += ["a b", "a\u00a0b", "ü", "#", "?", "%", "-", "_", "~", "a..b", "a.*.>"]

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 
 from outrelay import Delivered, Event, EventError, PermanentError, Rejected, RetryableError, RetryLater, UsageError
-from outrelay.core import cloudevents
+from outrelay.core.model import cloudevents
 from outrelay.kit import Progress, sending
 from outrelay.transports.webhook._transport import classify, parse_retry_after
 from outrelay.transports.webhook.receiver import WebhookReceiver, WebhookRequest

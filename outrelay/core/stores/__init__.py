@@ -1,4 +1,9 @@
-"""Outbox stores: the database side of outrelay (SQLite built in, PostgreSQL)."""
+"""The outbox and its stores: ``Outbox`` (what applications append with), the store contract
+split by role, the SQLite and PostgreSQL stores, and the side tables features keep next
+to the outbox.
+
+May import from outrelay.core: model, config.
+"""
 
 from outrelay.core.stores.base import (
     Claimed,

@@ -1,4 +1,4 @@
-"""The audit chain's records and how they link (see :mod:`outrelay.core.audit`).
+"""The audit chain's records and how they link (see :mod:`outrelay.core.history.audit`).
 
 What a store needs to append to the chain: :class:`Chain` links entries to
 the last record (hash, MAC), and remembers the (seq, id) of the deliveries a
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
-from outrelay.core.errors import ConfigError
+from outrelay.core.model.errors import ConfigError
 from outrelay.core.stores.base import Claimed, Settlement
 
 __all__ = [

@@ -37,8 +37,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from outrelay.core.envelope import Event
-from outrelay.core.history_filter import HistoryFilter, matches
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.history_filter import HistoryFilter, matches
 
 __all__ = [
     "AppendStore",
@@ -69,9 +69,9 @@ class Claimed:
     first_attempt_at: float | None
 
 
-#: one row of the delivery-attempt log (:mod:`outrelay.core.attempts`), in column order: ``at`` (the attempt's
+#: one row of the delivery-attempt log (:mod:`outrelay.core.relay.attempts`), in column order: ``at`` (the attempt's
 #: start, Unix seconds), ``event_id``, ``event_seq``, ``destination``, ``stream``, ``attempt`` (its number),
-#: ``outcome`` (one of :data:`outrelay.core.attempts.OUTCOMES`), ``latency`` (seconds), ``error`` and
+#: ``outcome`` (one of :data:`outrelay.core.relay.attempts.OUTCOMES`), ``latency`` (seconds), ``error`` and
 #: ``detail`` (JSON text; both "" when there are none). A plain tuple: one is built per event attempted.
 Attempt = tuple[float, str, int, str, str, int, str, float, str, str]
 
@@ -192,7 +192,7 @@ class AppendStore(ABC):
         :raises EventError: duplicate event id. :raises StoreError: ``conn`` not supported.
         """
         if conn is not None:
-            from outrelay.core.errors import StoreError
+            from outrelay.core.model.errors import StoreError
 
             raise StoreError(f"{type(self).__name__} takes no async connection; append in a sync one with append()")
         return await asyncio.to_thread(self.append, events)
@@ -275,7 +275,7 @@ class RelayStore(ABC):
         :class:`Settlement`). Lanes no longer leased by ``owner`` are left alone.
         ``attempts``: rows of the delivery-attempt log to insert in the same transaction
         (every one, whoever holds the lanes now: the attempts happened); the relay passes
-        them only to a store that keeps the log (:class:`outrelay.core.attempts.AttemptStore`)."""
+        them only to a store that keeps the log (:class:`outrelay.core.relay.attempts.AttemptStore`)."""
 
     @abstractmethod
     def next_due(self, destination: str) -> float | None:
@@ -352,7 +352,7 @@ class OperatorStore(ABC):
         skipped. Returns the count queued.
 
         :raises StoreError: the store cannot (the default)."""
-        from outrelay.core.errors import StoreError
+        from outrelay.core.model.errors import StoreError
 
         raise StoreError(f"{type(self).__name__} cannot replay selected events; use the SQLite or PostgreSQL outbox")
 
@@ -382,7 +382,7 @@ class HistoryStore(ABC):
     def history_lean(self, stream: str, *, after: int = 0, limit: int = 1000) -> list[tuple[int, str, Any, bytes]]:
         """One page of ``stream`` as ``(sequence, type, version, data)`` rows,
         in sequence order: what a fold needs, without decoding the rest of
-        each envelope (see :mod:`outrelay.core.lean`). ``version`` is the
+        each envelope (see :mod:`outrelay.core.history.lean`). ``version`` is the
         event_version (str), or the stored envelope JSON (bytes) for the
         reader to find it in when it needs it. Default: from :meth:`history`."""
         page = self.history(HistoryFilter(stream=stream), after=after, limit=limit)
@@ -392,7 +392,7 @@ class HistoryStore(ABC):
         """Store ``snapshot``, replacing the one kept for (name, stream).
 
         :raises StoreError: the store keeps no snapshots (the default)."""
-        from outrelay.core.errors import StoreError
+        from outrelay.core.model.errors import StoreError
 
         raise StoreError(f"{type(self).__name__} keeps no snapshots; use the SQLite or PostgreSQL outbox")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from outrelay.core.hookspecs import hookimpl
+from outrelay.core.config.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from outrelay.core.registry import Registry
+    from outrelay.core.config.registry import Registry
 
 
 @hookimpl

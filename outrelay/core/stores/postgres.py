@@ -41,8 +41,8 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg.errors
 
-from outrelay.core.envelope import Event
-from outrelay.core.errors import StoreError
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import StoreError
 from outrelay.core.stores.base import Store
 from outrelay.core.stores.lanes import PostgresLanesMixin
 from outrelay.core.stores.postgres_append import append_async, append_sync, map_append_error

@@ -25,9 +25,9 @@ import orjson
 import psycopg
 from psycopg.rows import tuple_row
 
-from outrelay.core._caller_tx import driver
-from outrelay.core.envelope import Event
-from outrelay.core.errors import EventError, StoreError
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import EventError, StoreError
+from outrelay.core.stores._caller_tx import driver
 from outrelay.core.stores.postgres_schema import Names
 
 __all__ = ["append_async", "append_sync", "map_append_error"]

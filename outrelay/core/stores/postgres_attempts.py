@@ -1,4 +1,4 @@
-"""The delivery-attempt log in the PostgreSQL outbox (see :mod:`outrelay.core.attempts`).
+"""The delivery-attempt log in the PostgreSQL outbox (see :mod:`outrelay.core.relay.attempts`).
 
 A mixin of :class:`~outrelay.core.stores.postgres.PostgresStore`. On the
 relay's hot path (a batch settled in one message, :mod:`.postgres_script`)
@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from outrelay.core.errors import NotFoundError
+from outrelay.core.model.errors import NotFoundError
 from outrelay.core.stores.base import Attempt
 from outrelay.core.stores.postgres_ops import PostgresParts
 from outrelay.core.stores.postgres_script import Statement, statement
@@ -143,7 +143,7 @@ class PostgresAttemptsMixin(PostgresParts):
     def retry_event(
         self, event_id: str, *, destination: str | None, redeliver: bool, now: float
     ) -> list[tuple[str, str]]:
-        """Send event ``event_id`` again now (see :func:`outrelay.core.attempts.retry_event`).
+        """Send event ``event_id`` again now (see :func:`outrelay.core.relay.attempts.retry_event`).
 
         :raises NotFoundError: no such event."""
         n = self.n

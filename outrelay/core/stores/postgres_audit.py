@@ -1,4 +1,4 @@
-"""The audit chain in the PostgreSQL outbox (see :mod:`outrelay.core.audit`).
+"""The audit chain in the PostgreSQL outbox (see :mod:`outrelay.core.history.audit`).
 
 A mixin of :class:`~outrelay.core.stores.postgres.PostgresStore`. Any number
 of relays and operators append to one chain: each append takes the

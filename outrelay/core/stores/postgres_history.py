@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from outrelay.core.envelope import Event
-from outrelay.core.history_filter import HistoryFilter, filter_sql
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.history_filter import HistoryFilter, filter_sql
 from outrelay.core.stores.base import Snapshot
 from outrelay.core.stores.postgres_ops import PostgresParts
 
@@ -48,7 +48,7 @@ class HistoryMixin(PostgresParts):
 
     def history_lean(self, stream: str, *, after: int = 0, limit: int = 1000) -> list[tuple[int, str, Any, bytes]]:
         # the version is extracted by the server: sending the whole envelope costs more (jsonb to text);
-        # a LeanEvent asked for its envelope reads its page again (outrelay.core.lean)
+        # a LeanEvent asked for its envelope reads its page again (outrelay.core.history.lean)
         return self._binary(
             f"SELECT seq, type, COALESCE(attrs->>'event_version', '1'), data FROM {self.n.events} "
             "WHERE stream = %s AND seq > %s ORDER BY seq LIMIT %s",

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from outrelay.core.envelope import Event
-from outrelay.core.errors import NotFoundError
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import NotFoundError
 from outrelay.core.stores.base import DeadLetter, DestinationStatus
 
 if TYPE_CHECKING:

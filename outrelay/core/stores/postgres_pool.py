@@ -24,7 +24,7 @@ import orjson
 import psycopg
 from psycopg.types.json import set_json_loads
 
-from outrelay.core.errors import ConfigError, StoreError
+from outrelay.core.model.errors import ConfigError, StoreError
 
 __all__ = ["ConnectionPool", "Listener", "parse_url", "redact"]
 

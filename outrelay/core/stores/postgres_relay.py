@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from outrelay.core.envelope import Event
+from outrelay.core.model.envelope import Event
 from outrelay.core.stores.base import Attempt, Claimed, Settlement
 from outrelay.core.stores.postgres_attempts import attempt_args
 from outrelay.core.stores.postgres_script import Statement, statement

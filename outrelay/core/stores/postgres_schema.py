@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from outrelay.core.errors import ConfigError, StoreError
+from outrelay.core.model.errors import ConfigError, StoreError
 
 __all__ = ["MIGRATIONS", "Names", "apply_migrations", "migration_sql"]
 
@@ -169,7 +169,7 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     (
-        # written in the settle's transaction only with [attempts] enabled (outrelay.core.attempts)
+        # written in the settle's transaction only with [attempts] enabled (outrelay.core.relay.attempts)
         "delivery-attempt log",
         (
             """CREATE TABLE {schema}."{p}attempts" (

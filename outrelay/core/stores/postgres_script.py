@@ -140,7 +140,7 @@ class ScriptMixin:
                 if not cur.nextset():
                     break
             if cur.statusmessage != "COMMIT":
-                from outrelay.core.errors import StoreError
+                from outrelay.core.model.errors import StoreError
 
                 raise StoreError(f"PostgreSQL outbox {self.where}: the transaction was rolled back")
             return out

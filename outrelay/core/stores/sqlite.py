@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from outrelay.core.envelope import Event
-from outrelay.core.errors import EventError, StoreError, StoreLockedError
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import EventError, StoreError, StoreLockedError
 from outrelay.core.stores.base import Attempt, Claimed, Settlement, Store
 from outrelay.core.stores.lanes import SQLiteLanesMixin
 from outrelay.core.stores.sqlite_attempts import SQLiteAttemptsMixin

@@ -1,4 +1,4 @@
-"""The delivery-attempt log in the SQLite outbox (see :mod:`outrelay.core.attempts`).
+"""The delivery-attempt log in the SQLite outbox (see :mod:`outrelay.core.relay.attempts`).
 
 A mixin of :class:`~outrelay.core.stores.sqlite.SQLiteStore`. The relay's
 settle writes a batch's attempts inside its own transaction
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from outrelay.core.errors import NotFoundError
+from outrelay.core.model.errors import NotFoundError
 from outrelay.core.stores.base import Attempt
 from outrelay.core.stores.sqlite_ops import SQLiteParts
 
@@ -150,7 +150,7 @@ class SQLiteAttemptsMixin(SQLiteParts):
     def retry_event(
         self, event_id: str, *, destination: str | None, redeliver: bool, now: float
     ) -> list[tuple[str, str]]:
-        """Send event ``event_id`` again now (see :func:`outrelay.core.attempts.retry_event`).
+        """Send event ``event_id`` again now (see :func:`outrelay.core.relay.attempts.retry_event`).
 
         :raises NotFoundError: no such event."""
         with self._tx() as db:

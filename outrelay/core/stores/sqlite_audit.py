@@ -1,4 +1,4 @@
-"""The audit chain in the SQLite outbox (see :mod:`outrelay.core.audit`).
+"""The audit chain in the SQLite outbox (see :mod:`outrelay.core.history.audit`).
 
 A mixin of :class:`~outrelay.core.stores.sqlite.SQLiteStore`. Records are
 appended inside the caller's write transaction — routing's, settling's, or

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from outrelay.core.envelope import Event
-from outrelay.core.history_filter import HistoryFilter, filter_sql
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.history_filter import HistoryFilter, filter_sql
 from outrelay.core.stores.base import Snapshot
 from outrelay.core.stores.sqlite_ops import SQLiteParts
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from outrelay.core.envelope import Event
-from outrelay.core.errors import NotFoundError
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import NotFoundError
 from outrelay.core.stores.base import DeadLetter, DestinationStatus
 
 __all__ = ["SQLiteOperatorMixin", "SQLiteParts"]

@@ -84,7 +84,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (name, stream)
         )""",
     ),
-    # 5: the audit chain (outrelay.core.audit); written only with [audit] enabled = true
+    # 5: the audit chain (outrelay.core.history.audit); written only with [audit] enabled = true
     (
         """CREATE TABLE outrelay_audit (
             seq INTEGER PRIMARY KEY,
@@ -98,7 +98,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX outrelay_audit_kind ON outrelay_audit (kind, seq)",
     ),
-    # 6: the delivery-attempt log (outrelay.core.attempts); written only with [attempts] enabled = true
+    # 6: the delivery-attempt log (outrelay.core.relay.attempts); written only with [attempts] enabled = true
     (
         """CREATE TABLE outrelay_attempts (
             id INTEGER PRIMARY KEY,

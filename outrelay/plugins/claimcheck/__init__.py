@@ -41,13 +41,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import unquote
 
-from outrelay.core._draft import copier
-from outrelay.core.config import ClaimCheckConfig, OutrelayConfig
-from outrelay.core.envelope import Event
-from outrelay.core.errors import ConfigError, EventError, RetryableError
-from outrelay.core.hookspecs import hookimpl
-from outrelay.core.segments import RejectedTarget
-from outrelay.core.transport import Message, Transport
+from outrelay.core.config.config import ClaimCheckConfig, OutrelayConfig
+from outrelay.core.config.hookspecs import hookimpl
+from outrelay.core.contract.segments import RejectedTarget
+from outrelay.core.contract.transport import Message, Transport
+from outrelay.core.model._draft import copier
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import ConfigError, EventError, RetryableError
 from outrelay.plugins.claimcheck._reference import (
     DATAREF,
     DIGEST,

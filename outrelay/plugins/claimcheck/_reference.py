@@ -3,7 +3,7 @@
 A reference is the original event with every CloudEvents attribute as it was
 (``id``, ``type``, ``source``, ``datacontenttype``, the extensions...),
 *no data*, and three more extension attributes (carried as metadata keys, and
-promoted to attributes of their own by :mod:`outrelay.core.cloudevents`):
+promoted to attributes of their own by :mod:`outrelay.core.model.cloudevents`):
 
 ``dataref``
     where the data is: ``file:///dir/KEY``, ``s3://bucket/prefix/KEY`` or
@@ -26,9 +26,9 @@ import re
 from collections.abc import Callable
 from types import MappingProxyType
 
-from outrelay.core._draft import copier
-from outrelay.core.envelope import Event
-from outrelay.core.errors import EventError
+from outrelay.core.model._draft import copier
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import EventError
 
 __all__ = ["DATAREF", "DIGEST", "KEY_RE", "SIZE", "is_reference", "key_for", "reference", "restore"]
 

@@ -13,7 +13,7 @@ import threading
 from datetime import datetime
 from typing import Any
 
-from outrelay.core.errors import EventError, MissingExtraError, RetryableError
+from outrelay.core.model.errors import EventError, MissingExtraError, RetryableError
 from outrelay.plugins.claimcheck._reference import KEY_RE
 from outrelay.plugins.claimcheck._stores import PayloadStore
 

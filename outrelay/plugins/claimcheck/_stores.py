@@ -19,8 +19,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from outrelay.core.errors import ConfigError, EventError, RetryableError, StoreError
-from outrelay.core.sidetables import side_table, supports
+from outrelay.core.model.errors import ConfigError, EventError, RetryableError, StoreError
+from outrelay.core.stores.sidetables import side_table, supports
 from outrelay.plugins.claimcheck._reference import KEY_RE
 
 __all__ = ["DirectoryStore", "OutboxStore", "PayloadStore"]
@@ -139,7 +139,7 @@ class DirectoryStore(PayloadStore):
 
 class OutboxStore(PayloadStore):
     """Table ``outrelay_payloads`` of the outbox database (SQLite or PostgreSQL; see
-    :mod:`outrelay.core.sidetables`), located as ``outbox:payloads/KEY``."""
+    :mod:`outrelay.core.stores.sidetables`), located as ``outbox:payloads/KEY``."""
 
     _DDL = "CREATE TABLE IF NOT EXISTS {t} (key TEXT PRIMARY KEY, data {blob} NOT NULL, stored_at {real} NOT NULL)"
 

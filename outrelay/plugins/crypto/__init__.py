@@ -42,11 +42,11 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from outrelay.core.config import OutrelayConfig
-from outrelay.core.envelope import Event
-from outrelay.core.errors import ConfigError, EventError
-from outrelay.core.hookspecs import hookimpl
-from outrelay.core.transport import Message
+from outrelay.core.config.config import OutrelayConfig
+from outrelay.core.config.hookspecs import hookimpl
+from outrelay.core.contract.transport import Message
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import ConfigError, EventError
 from outrelay.plugins.crypto._config import CryptoConfig, CryptoRule, crypto_config
 from outrelay.plugins.crypto._payload import PayloadCrypto, installed, uninstall
 from outrelay.plugins.crypto._seal import ENCRYPTED_CONTENT_TYPE, KEYID, is_sealed

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from outrelay.core.hookspecs import ConfigView
+from outrelay.core.config.hookspecs import ConfigView
 
 if TYPE_CHECKING:
-    from outrelay.core.config import OutrelayConfig
+    from outrelay.core.config.config import OutrelayConfig
 
 __all__ = ["CryptoConfig", "CryptoRule", "crypto_config"]
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from outrelay.core.errors import ConfigError, MissingExtraError
+from outrelay.core.model.errors import ConfigError, MissingExtraError
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM

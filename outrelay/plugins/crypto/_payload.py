@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 
-from outrelay.core._draft import copier
-from outrelay.core.config import OutrelayConfig
-from outrelay.core.envelope import Event
-from outrelay.core.errors import EventError
-from outrelay.core.segments import RejectedTarget
-from outrelay.core.transport import Message
+from outrelay.core.config.config import OutrelayConfig
+from outrelay.core.contract.segments import RejectedTarget
+from outrelay.core.contract.transport import Message
+from outrelay.core.model._draft import copier
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import EventError
 from outrelay.plugins.crypto._config import CryptoConfig, CryptoRule, crypto_config
 from outrelay.plugins.crypto._keys import Keyring
 from outrelay.plugins.crypto._seal import ENCRYPTED_CONTENT_TYPE, Opener, Sealer
@@ -76,7 +76,7 @@ class PayloadCrypto:
         """
         crypto = crypto_config(config) if isinstance(config, OutrelayConfig) else config
         if crypto is None:
-            from outrelay.core.errors import ConfigError
+            from outrelay.core.model.errors import ConfigError
 
             raise ConfigError("the config has no [crypto] table; see docs/encryption.md")
         return cls(crypto, Keyring.load(crypto.keys, crypto.encrypt_with))

@@ -33,9 +33,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from outrelay.core._draft import copier
-from outrelay.core.envelope import Event
-from outrelay.core.errors import EventError
+from outrelay.core.model._draft import copier
+from outrelay.core.model.envelope import Event
+from outrelay.core.model.errors import EventError
 from outrelay.plugins.crypto._keys import Keyring, aesgcm_class
 
 if TYPE_CHECKING:

@@ -46,7 +46,7 @@ entry appended right after ``start`` returned is seen. Nothing is kept for
 a fan-out subscriber; ``ack`` does nothing.
 
 An entry that is not an outrelay CloudEvent comes back as an
-:class:`~outrelay.core.subscription.Inbound` with ``received=None`` and the
+:class:`~outrelay.core.contract.subscription.Inbound` with ``received=None`` and the
 reason; in a group it must still be acked.
 
 :raises RetryableError: broker unreachable or connection lost (``start``,
