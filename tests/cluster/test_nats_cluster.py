@@ -1,17 +1,24 @@
 """NATS JetStream cluster: relaying into an R3 stream through leader stepdowns and node kills.
 
-The cluster (three nats-server 2.9 nodes, see ``_nats_cluster.py``) starts once
-per session. Each run relays 20,000 events over 200 streams from SQLite while
-the test forces the stream's leader to step down and kills -9 (then restarts)
-a node, several times; the relay must recover by itself, lose nothing, and
-every stream's first deliveries must be in exact order — with the default
-configuration (``pipeline = "auto"``: one unacked message per stream into a
-replicated stream, the code path of ``pipeline = false``). The order guard is refused
-at open on every replicated stream (on 2.9 it made replicas drop messages,
-on 2.14 a refusal stopped the stream's acks: see ``_chain.py``).
-``OUTRELAY_TEST_NATS_PIPELINE`` overrides the default variant's pipeline option;
-``OUTRELAY_NATS_SERVER_BIN`` or ``OUTRELAY_NATS_CLUSTER_URLS`` runs it on another
-nats-server.
+Each run relays 20,000 events over 200 streams from SQLite into an R3 stream of a 3-node cluster
+(``_nats_cluster.py``, started once per session) while the test forces the stream's leader to step
+down and kills -9 (then restarts) the leader's node, several times; the relay must recover by itself,
+lose nothing, and every stream's first deliveries must be in exact order. Variants:
+
+* ``default``: the default configuration (``pipeline = "auto"``: one unacked message per stream into a
+  replicated stream, the code path of ``pipeline = false``) on nats-server 2.15.1
+  (``NATS_ATOMIC_SERVER_BIN``, the dev extra's), three stepdowns and two kills;
+* ``atomic``: ``pipeline = true`` into a stream with ``allow_atomic`` on the same server;
+* ``server-2.9``: the default configuration on the system's nats-server 2.9.10 (``NATS_SERVER_BIN``),
+  five stepdowns and no kill: on 2.9.10 a kill -9 of the leader's node loses messages the stream had
+  acknowledged (CI saw 6 of 20,000 missing in about one run in twenty; the replicas' counts drift,
+  nats-io/nats-server#4365), which no client can prevent or tell apart from its own bug.
+
+The order guard is refused at open on every replicated stream (on 2.9 it made replicas drop messages,
+on 2.14 a refusal stopped the stream's acks: see ``_chain.py``). ``OUTRELAY_TEST_NATS_PIPELINE``
+overrides the default variants' pipeline option; ``OUTRELAY_NATS_SERVER_BIN`` /
+``OUTRELAY_NATS_ATOMIC_SERVER_BIN`` (or ``OUTRELAY_NATS_CLUSTER_URLS`` /
+``OUTRELAY_NATS_ATOMIC_CLUSTER_URLS``) run them on other servers.
 """
 
 from __future__ import annotations
@@ -81,10 +88,9 @@ async def _r3(cluster: NatsCluster, **options: Any) -> AsyncIterator[tuple[str, 
         await nc.close()
 
 
-async def _faults(relay: Relay, cluster: NatsCluster, stream: str, total: int) -> list[str]:
-    """Alternate stepdowns and kill -9 + restart of the stream leader's node while the relay works."""
+async def _faults(relay: Relay, cluster: NatsCluster, stream: str, total: int, plan: list[str]) -> list[str]:
+    """Carry out ``plan`` (stepdowns and kill -9 + restart of the stream leader's node) while the relay works."""
     done: list[str] = []
-    plan = ["stepdown", "kill", "stepdown", "kill", "stepdown"]
     step = total // (len(plan) + 1)
     deadline = time.monotonic() + 100
     for n, fault in enumerate(plan, start=1):
@@ -166,6 +172,10 @@ async def _read_back(urls: list[str], prefix: str, stream: str, count: int) -> l
     return got
 
 
+WITH_KILLS = ["stepdown", "kill", "stepdown", "kill", "stepdown"]
+STEPDOWNS_ONLY = ["stepdown"] * 5
+
+
 def _variant(name: str) -> dict[str, Any]:
     """The destination options of a test variant: the defaults unless the environment overrides them;
     ``atomic``: pipelined (``pipeline = true``) into a stream that allows atomic batches."""
@@ -179,21 +189,22 @@ def _variant(name: str) -> dict[str, Any]:
 
 @pytest.fixture
 def variant_cluster(request: pytest.FixtureRequest, variant: str) -> NatsCluster:
-    """The cluster a variant runs on: nats-server 2.12+ for ``atomic``, else ``NATS_SERVER_BIN``'s."""
-    cluster: NatsCluster = request.getfixturevalue("nats_cluster_atomic" if variant == "atomic" else "nats_cluster")
+    """The cluster a variant runs on: ``NATS_SERVER_BIN``'s (2.9) for ``server-2.9``, else nats-server 2.12+."""
+    cluster: NatsCluster = request.getfixturevalue("nats_cluster" if variant == "server-2.9" else "nats_cluster_atomic")
     return cluster
 
 
-@pytest.mark.parametrize("variant", ["default", "atomic"])
+@pytest.mark.parametrize("variant", ["default", "atomic", "server-2.9"])
 async def test_relay_through_stepdowns_and_kills(
     tmp_path: Path, variant_cluster: NatsCluster, variant: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """20,000 events / 200 streams into an R3 stream, three leader stepdowns and two leader kills:
-    all stored, first deliveries in exact order per stream, no order warning, no operator help.
+    """20,000 events / 200 streams into an R3 stream through leader stepdowns (and, except on 2.9.10, two
+    leader kills): all stored, first deliveries in exact order per stream, no order warning, no operator help.
 
-    ``default``: nats-server 2.9 (``NATS_SERVER_BIN``), the default configuration. ``atomic``: nats-server
-    2.12+ (``NATS_ATOMIC_SERVER_BIN``), a stream with ``allow_atomic`` and ``pipeline = true``: every batch
-    goes pipelined as one atomic batch (what the README's order exception for pipelining needed)."""
+    ``default``: the default configuration on nats-server 2.12+. ``atomic``: the same server, a stream with
+    ``allow_atomic`` and ``pipeline = true``: every batch goes pipelined as one atomic batch (what the
+    README's order exception for pipelining needed). ``server-2.9``: the default configuration on
+    nats-server 2.9.10, stepdowns only (see the module docstring for why no kill)."""
     nats_cluster = variant_cluster
     stream_options = {"allow_atomic": True} if variant == "atomic" else {}
     async with _r3(nats_cluster, **stream_options) as (name, prefix):
@@ -221,18 +232,21 @@ async def _relay_through_faults(
         {"outbox": {"url": outbox.url}, "relay": {"poll_interval": 0.05}, "destinations": {"n": destination}}
     )
     relay = Relay(outbox, cfg)
-    if variant == "atomic":  # the mode under test is the one the transport chose
-        probe = NatsTransport(NatsConfig(**{k: v for k, v in destination.items() if k not in ("transport", "retry")}))
-        await probe.open()
-        try:
-            assert probe.atomic and probe.pipelined, (probe.atomic, probe.pipelined)
-        finally:
-            await probe.close()
+    # the mode under test is the one the transport chose: atomic batches, or one unacked message per stream
+    probe = NatsTransport(NatsConfig(**{k: v for k, v in destination.items() if k not in ("transport", "retry")}))
+    await probe.open()
+    try:
+        expected = (True, True) if variant == "atomic" else (False, False)
+        if variant == "atomic" or "pipeline" not in destination:
+            assert (probe.atomic, probe.pipelined) == expected, (probe.atomic, probe.pipelined)
+    finally:
+        await probe.close()
     caplog.set_level(logging.INFO, logger="outrelay.transports.nats")
     started = time.monotonic()
     task = asyncio.create_task(relay.run(drain=True))
     try:
-        faults = await _faults(relay, nats_cluster, name, EVENTS)
+        plan = STEPDOWNS_ONLY if variant == "server-2.9" else WITH_KILLS
+        faults = await _faults(relay, nats_cluster, name, EVENTS, plan)
         summary = await asyncio.wait_for(task, 120)
     finally:
         if not task.done():
