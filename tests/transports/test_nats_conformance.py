@@ -39,8 +39,13 @@ IN_CREDENTIALS_TARGET = (
 )
 
 
+#: ack_timeout of the transports the fault checks build through their proxy: a stalled or black-holed
+#: PubAck costs each such check this long (3 s made every NATS fault check take 3.5 s)
+VIA_ACK_TIMEOUT = 1.5
+
+
 def _target(
-    make: Callable[[str, tuple[str, ...]], NatsTransport],
+    make: Callable[..., NatsTransport],
     provision: Callable[[str], Awaitable[str]],
     refuse: Callable[[str], Awaitable[str]],
     url: str,
@@ -79,7 +84,9 @@ def _target(
         label=label,
         read_timeout=10.0,
         upstream=lambda subject: upstream,
-        make_transport_via=lambda subject, host, port: make(subject, (f"nats://{host}:{port}",)),
+        make_transport_via=lambda subject, host, port: make(
+            subject, (f"nats://{host}:{port}",), ack_timeout=VIA_ACK_TIMEOUT
+        ),
         refuse_target=refuse,
         binding=NATS,
         publish_foreign=publish_foreign,
@@ -114,12 +121,14 @@ class TestNatsConformance(ConformanceSuite):
             streams.created.append(name)  # deleted with the others
             return f"{refused}.events"
 
-        def make(subject: str, servers: tuple[str, ...]) -> NatsTransport:
+        def make(subject: str, servers: tuple[str, ...], ack_timeout: float = 3.0) -> NatsTransport:
             # create_stream names the provisioned stream (it exists: nothing is created) so that its
             # duplicate window is declared before open(); open() then reads the real one.
             spec = StreamSpec(name=names.get(subject, "ORC_" + uuid.uuid4().hex[:8].upper()), subjects=(subject,))
             return NatsTransport(
-                NatsConfig(servers=servers, subject=subject, create_stream=spec, connect_timeout=1, ack_timeout=3),
+                NatsConfig(
+                    servers=servers, subject=subject, create_stream=spec, connect_timeout=1, ack_timeout=ack_timeout
+                ),
                 destination="conformance",
             )
 
@@ -164,11 +173,16 @@ class TestNatsAtomicConformance(ConformanceSuite):
             names[f"{prefix}.events"] = stream
             return f"{prefix}.events"
 
-        def make(subject: str, servers: tuple[str, ...]) -> NatsTransport:
+        def make(subject: str, servers: tuple[str, ...], ack_timeout: float = 3.0) -> NatsTransport:
             name = names.get(subject, "ORC_" + uuid.uuid4().hex[:8].upper())
             spec = StreamSpec(name=name, subjects=(subject,), allow_atomic=True)
             cfg = NatsConfig(
-                servers=servers, subject=subject, create_stream=spec, atomic=True, connect_timeout=1, ack_timeout=3
+                servers=servers,
+                subject=subject,
+                create_stream=spec,
+                atomic=True,
+                connect_timeout=1,
+                ack_timeout=ack_timeout,
             )
             return NatsTransport(cfg, destination="conformance")
 

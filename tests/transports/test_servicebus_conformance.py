@@ -80,8 +80,8 @@ def _target(env: ServiceBusEnv, *, sessions: bool) -> ConformanceTarget:
         # through the suite's proxy only against the plain-AMQP test peer: a namespace speaks AMQPS (TLS with SNI)
         upstream=(lambda queue: _endpoint(env.connection_string)) if env.peer is not None else None,
         make_transport_via=lambda queue, host, port: make(
-            queue, connection_string(port), open_timeout=2.0, send_timeout=4.0
-        ),
+            queue, connection_string(port), open_timeout=2.0, send_timeout=2.0
+        ),  # a stalled or black-holed send costs each fault check send_timeout
     )
 
 
