@@ -3,6 +3,7 @@
 :func:`skip_fault_checks` states *why* a target declares no ``upstream`` /
 ``make_transport_via`` (the fault proxy cannot stay between client and
 broker), instead of the kit's generic "the target declares no upstream".
+:data:`VIA_TIMEOUT` bounds the fault checks' waits.
 :func:`long_secret` makes a password long and random enough that the
 ``secret_never_leaks`` grep cannot match by accident; :func:`rabbitmq_users`
 creates (and removes) RabbitMQ users with such a password.
@@ -18,7 +19,12 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
-__all__ = ["long_secret", "rabbitmq_users", "skip_checks", "skip_fault_checks"]
+__all__ = ["VIA_TIMEOUT", "long_secret", "rabbitmq_users", "skip_checks", "skip_fault_checks"]
+
+#: Seconds the transports the fault checks build through the suite's proxy (``make_transport_via``) wait
+#: for a broker's answer (ack, confirm, reply, read). Every stalled or black-holed call costs a fault check
+#: this long, and a loopback broker answers in milliseconds: 3-5 s made each such check take 3-6 s.
+VIA_TIMEOUT = 1.5
 
 
 def skip_fault_checks(request: pytest.FixtureRequest, reason: str) -> None:

@@ -24,7 +24,7 @@ from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import KAFKA
 from outrelay.conformance._harness import run_check
 from outrelay.transports.kafka._transport import KafkaConfig, KafkaTransport
-from tests.peers.conformance_hooks import long_secret, skip_fault_checks
+from tests.peers.conformance_hooks import VIA_TIMEOUT, long_secret, skip_fault_checks
 from tests.peers.kafka import KafkaPeer, KafkaTlsPeer, new_topic
 from tests.services import free_port
 
@@ -76,8 +76,10 @@ class TestKafkaConformance(ConformanceSuite):
         async def provision(name: str) -> str:
             return await new_topic(kafka_peer, prefix="conf")
 
-        def make(topic: str, bootstrap: str) -> KafkaTransport:
-            opts = kafka_peer.options(topic, bootstrap_servers=bootstrap, connect_timeout=3.0, request_timeout=8.0)
+        def make(topic: str, bootstrap: str, connect_timeout: float = 3.0) -> KafkaTransport:
+            opts = kafka_peer.options(
+                topic, bootstrap_servers=bootstrap, connect_timeout=connect_timeout, request_timeout=8.0
+            )
             return KafkaTransport(KafkaConfig.model_validate(opts), destination="conformance")
 
         async def publish_foreign(topic: str) -> None:
@@ -104,7 +106,7 @@ class TestKafkaConformance(ConformanceSuite):
             claim_timeout=2.0,  # the session timeout; tansu accepts 2 s (stock Kafka's least is 6 s)
             late_reader=lambda t, topic: t.reader(topic, from_beginning=True),
             # no proxy can stay in front of Kafka (upstream unsupported), but an address that drops SYNs can
-            make_transport_via=lambda topic, host, port: make(topic, f"{host}:{port}"),
+            make_transport_via=lambda topic, host, port: make(topic, f"{host}:{port}", connect_timeout=VIA_TIMEOUT),
         )
 
     @pytest.fixture

@@ -30,18 +30,13 @@ from outrelay.conformance._harness import run_check
 from outrelay.transports.nats._config import NatsConfig, StreamSpec
 from outrelay.transports.nats._group import names as group_names
 from outrelay.transports.nats._transport import NatsTransport
-from tests.peers.conformance_hooks import long_secret
+from tests.peers.conformance_hooks import VIA_TIMEOUT, long_secret
 from tests.peers.nats import NATS_ATOMIC_SERVER_BIN, NatsServer, StreamFactory, private_nats_server
 from tests.services import free_port
 
 IN_CREDENTIALS_TARGET = (
     "run by TestNatsCredentials against a private nats-server with users (the shared one has no authorization)"
 )
-
-
-#: ack_timeout of the transports the fault checks build through their proxy: a stalled or black-holed
-#: PubAck costs each such check this long (3 s made every NATS fault check take 3.5 s)
-VIA_ACK_TIMEOUT = 1.5
 
 
 def _target(
@@ -85,7 +80,7 @@ def _target(
         read_timeout=10.0,
         upstream=lambda subject: upstream,
         make_transport_via=lambda subject, host, port: make(
-            subject, (f"nats://{host}:{port}",), ack_timeout=VIA_ACK_TIMEOUT
+            subject, (f"nats://{host}:{port}",), ack_timeout=VIA_TIMEOUT
         ),
         refuse_target=refuse,
         binding=NATS,

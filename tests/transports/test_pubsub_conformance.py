@@ -14,7 +14,7 @@ import pytest
 from outrelay.conformance import Binding, ConformanceSuite, ConformanceTarget
 from outrelay.transports.pubsub._config import PubSubConfig
 from outrelay.transports.pubsub._transport import PubSubTransport
-from tests.peers.conformance_hooks import skip_checks
+from tests.peers.conformance_hooks import VIA_TIMEOUT, skip_checks
 from tests.peers.pubsub_emulator import NO_AUTH, PROJECT, create_topic
 from tests.services import free_port
 
@@ -35,9 +35,14 @@ class TestPubSubConformance(ConformanceSuite):
             await asyncio.to_thread(create_topic, pubsub_emulator, name)
             return name
 
-        def make(topic: str, host: str, publish_timeout: float = 8.0) -> PubSubTransport:
+        def make(topic: str, host: str, wait: float | None = None) -> PubSubTransport:
+            """``wait``: open_timeout and publish_timeout (else 2 s and 8 s) for the fault checks' transports."""
             cfg = PubSubConfig(
-                project=PROJECT, topic=topic, emulator_host=host, open_timeout=2.0, publish_timeout=publish_timeout
+                project=PROJECT,
+                topic=topic,
+                emulator_host=host,
+                open_timeout=wait or 2.0,
+                publish_timeout=wait or 8.0,
             )
             return PubSubTransport(cfg, destination="conformance")
 
@@ -45,7 +50,7 @@ class TestPubSubConformance(ConformanceSuite):
         return ConformanceTarget(
             make_transport=lambda topic: make(topic, pubsub_emulator),
             provision=provision,
-            make_unreachable=lambda topic: make(topic, f"127.0.0.1:{free_port()}"),
+            make_unreachable=lambda topic: make(topic, f"127.0.0.1:{free_port()}", wait=VIA_TIMEOUT),
             unsupported={
                 "throttle": "the emulator never throttles, and Pub/Sub's RESOURCE_EXHAUSTED carries no retry hint",
                 "refuse_target": (
@@ -62,5 +67,5 @@ class TestPubSubConformance(ConformanceSuite):
             timeout=20.0,
             binding=PUBSUB_BINDING,
             upstream=lambda topic: (host or "127.0.0.1", int(port)),
-            make_transport_via=lambda topic, h, p: make(topic, f"{h}:{p}", publish_timeout=4.0),
+            make_transport_via=lambda topic, h, p: make(topic, f"{h}:{p}", wait=VIA_TIMEOUT),
         )

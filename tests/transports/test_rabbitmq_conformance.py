@@ -30,7 +30,7 @@ from outrelay.conformance._binding import AMQP
 from outrelay.transports.rabbitmq._config import RabbitMQConfig, split_target
 from outrelay.transports.rabbitmq._subscriber import group_queue
 from outrelay.transports.rabbitmq._transport import RabbitMQTransport
-from tests.peers.conformance_hooks import long_secret, rabbitmq_users
+from tests.peers.conformance_hooks import VIA_TIMEOUT, long_secret, rabbitmq_users
 from tests.peers.rabbitmq import ExchangeFactory
 from tests.services import free_port
 
@@ -94,15 +94,16 @@ class TestRabbitMQConformance(ConformanceSuite):
             exchanges.queues += [base, f"{base}.members", *(f"{base}.{i}" for i in range(SHARDS))]
             exchanges.exchanges.insert(0, base)
 
-        def make(target: str, url: str) -> RabbitMQTransport:
+        def make(target: str, url: str, *, wait: float | None = None) -> RabbitMQTransport:
+            """``wait``: connect_timeout and confirm_timeout (else 2 s and 5 s) for the fault checks' transports."""
             exchange, routing_key = split_target(target)
             cfg = RabbitMQConfig(
                 url=url,
                 password=secret,
                 exchange=exchange,
                 routing_key=routing_key,
-                connect_timeout=2,
-                confirm_timeout=5,
+                connect_timeout=wait or 2,
+                confirm_timeout=wait or 5,
             )
             return RabbitMQTransport(cfg, destination="conformance")
 
@@ -115,7 +116,8 @@ class TestRabbitMQConformance(ConformanceSuite):
             label="rabbitmq (real RabbitMQ 3.10 broker" + (", users of the run)" if user else ")"),
             read_timeout=10.0,
             upstream=lambda target: (parts.hostname or "127.0.0.1", parts.port or 5672),
-            make_transport_via=lambda target, host, port: make(target, _netloc(url, host, port)),
+            # a stalled or black-holed connect or publish costs each fault check this long
+            make_transport_via=lambda target, host, port: make(target, _netloc(url, host, port), wait=VIA_TIMEOUT),
             refuse_target=refuse,
             make_forbidden=(lambda target: make(target, _login(rabbitmq_url, f"{user}-ro"))) if user else None,
             secret=secret,

@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 
 from outrelay.conformance import Binding, ConformanceSuite, ConformanceTarget
 from outrelay.transports.redis._transport import RedisConfig, RedisTransport
-from tests.peers.conformance_hooks import long_secret
+from tests.peers.conformance_hooks import VIA_TIMEOUT, long_secret
 from tests.services import free_port, need
 
 KEYS = "outrelay-conf:"
@@ -70,9 +70,14 @@ class TestRedisConformance(ConformanceSuite):
             finally:
                 await client.aclose()
 
-        def make(key: str, url: str, username: str = user) -> RedisTransport:
+        def make(key: str, url: str, username: str = user, *, socket_timeout: float = 3.0) -> RedisTransport:
             cfg = RedisConfig(
-                url=url, stream=key, username=username, password=secret, connect_timeout=1.0, socket_timeout=3.0
+                url=url,
+                stream=key,
+                username=username,
+                password=secret,
+                connect_timeout=1.0,
+                socket_timeout=socket_timeout,
             )
             return RedisTransport(cfg, destination="conformance")
 
@@ -85,7 +90,10 @@ class TestRedisConformance(ConformanceSuite):
             label="redis (real redis-server, ACL users of the run)",
             read_timeout=5.0,
             upstream=lambda key: (parts.hostname or "127.0.0.1", parts.port or 6379),
-            make_transport_via=lambda key, host, port: make(key, urlunsplit(parts._replace(netloc=f"{host}:{port}"))),
+            # a black-holed or stalled command costs each fault check socket_timeout
+            make_transport_via=lambda key, host, port: make(
+                key, urlunsplit(parts._replace(netloc=f"{host}:{port}")), socket_timeout=VIA_TIMEOUT
+            ),
             refuse_target=refuse,
             make_forbidden=lambda key: make(key, redis_url, username=f"{user}-ro"),
             secret=secret,

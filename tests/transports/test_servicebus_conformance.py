@@ -31,7 +31,7 @@ from outrelay.conformance._binding import AMQP
 from outrelay.transports.servicebus._config import ServiceBusConfig
 from outrelay.transports.servicebus._transport import ServiceBusTransport
 from tests.peers.amqp_servicebus_peer import ServiceBusEnv, connection_string
-from tests.peers.conformance_hooks import skip_checks
+from tests.peers.conformance_hooks import VIA_TIMEOUT, skip_checks
 from tests.services import free_port
 
 NO_BROKER_HINT = (
@@ -80,7 +80,7 @@ def _target(env: ServiceBusEnv, *, sessions: bool) -> ConformanceTarget:
         # through the suite's proxy only against the plain-AMQP test peer: a namespace speaks AMQPS (TLS with SNI)
         upstream=(lambda queue: _endpoint(env.connection_string)) if env.peer is not None else None,
         make_transport_via=lambda queue, host, port: make(
-            queue, connection_string(port), open_timeout=2.0, send_timeout=2.0
+            queue, connection_string(port), open_timeout=VIA_TIMEOUT, send_timeout=VIA_TIMEOUT
         ),  # a stalled or black-holed send costs each fault check send_timeout
     )
 

@@ -25,6 +25,7 @@ from outrelay.conformance import ConformanceSuite, ConformanceTarget
 from outrelay.conformance._binding import STRUCTURED
 from outrelay.transports.aws._errors import DeniedError
 from outrelay.transports.aws._sqs import SQSConfig, SQSTransport
+from tests.peers.conformance_hooks import VIA_TIMEOUT
 from tests.peers.moto import IAMMoto, aws_client, aws_options, require_iam, skip_why, suite_secret, user_options
 
 
@@ -58,7 +59,7 @@ def target_for(endpoint: str, *, fifo: bool, iam: IAMMoto | str) -> ConformanceT
         binding=STRUCTURED,
         upstream=lambda url: (parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)),
         make_transport_via=lambda url, host, port: make(
-            url, f"http://{host}:{port}", connect_timeout=1, read_timeout=3
+            url, f"http://{host}:{port}", connect_timeout=1, read_timeout=VIA_TIMEOUT
         ),
         # the denied user sends to the private server's own queue: the suite's target lives on the shared one
         make_forbidden=(lambda url: as_user(iam, iam.denied)) if isinstance(iam, IAMMoto) else None,

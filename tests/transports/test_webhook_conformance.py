@@ -26,6 +26,7 @@ from outrelay.conformance._harness import run_check
 from outrelay.transports.webhook._reader import WebhookReader, provision_receiver
 from outrelay.transports.webhook._transport import WebhookTransport
 from outrelay.transports.webhook.receiver import Answer, WebhookReceiver, WebhookRequest
+from tests.peers.conformance_hooks import VIA_TIMEOUT
 from tests.services import free_port
 from tests.transports.webhook_support import OTHER_SECRET, SECRET, make_transport
 
@@ -69,7 +70,7 @@ def _upstream(url: str) -> tuple[str, int]:
 
 def _via(url: str, host: str, port: int) -> WebhookTransport:
     parts = urlsplit(url)
-    return make_transport(urlunsplit(parts._replace(netloc=f"{host}:{port}")), timeout=2)
+    return make_transport(urlunsplit(parts._replace(netloc=f"{host}:{port}")), timeout=VIA_TIMEOUT)
 
 
 class EveryRequest(WebhookReader):
