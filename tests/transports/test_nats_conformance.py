@@ -39,6 +39,15 @@ IN_CREDENTIALS_TARGET = (
 )
 
 
+def _timeouts(*, via: bool = False) -> dict[str, float]:
+    """connect/ack timeouts of a conformance transport. ``via``: the transports the fault checks build
+    through their proxy or point at a dead port, where every stalled call costs a check its timeout
+    (nats-py tries a first connect twice: connect_timeout + reconnect_time_wait + connect_timeout)."""
+    if via:
+        return {"connect_timeout": 0.5, "reconnect_time_wait": 0.2, "ack_timeout": VIA_TIMEOUT}
+    return {"connect_timeout": 1.0, "ack_timeout": 3.0}
+
+
 def _target(
     make: Callable[..., NatsTransport],
     provision: Callable[[str], Awaitable[str]],
@@ -71,7 +80,7 @@ def _target(
     return ConformanceTarget(
         make_transport=lambda subject: make(subject, (url,)),
         provision=provision,
-        make_unreachable=lambda subject: make(subject, (f"nats://127.0.0.1:{free_port()}",)),
+        make_unreachable=lambda subject: make(subject, (f"nats://127.0.0.1:{free_port()}",), via=True),
         unsupported={
             "throttle": "JetStream never throttles with a retry hint (a full stream refuses or discards instead)",
             **dict.fromkeys(("secret", "make_forbidden"), IN_CREDENTIALS_TARGET),
@@ -79,9 +88,7 @@ def _target(
         label=label,
         read_timeout=10.0,
         upstream=lambda subject: upstream,
-        make_transport_via=lambda subject, host, port: make(
-            subject, (f"nats://{host}:{port}",), ack_timeout=VIA_TIMEOUT
-        ),
+        make_transport_via=lambda subject, host, port: make(subject, (f"nats://{host}:{port}",), via=True),
         refuse_target=refuse,
         binding=NATS,
         publish_foreign=publish_foreign,
@@ -116,16 +123,12 @@ class TestNatsConformance(ConformanceSuite):
             streams.created.append(name)  # deleted with the others
             return f"{refused}.events"
 
-        def make(subject: str, servers: tuple[str, ...], ack_timeout: float = 3.0) -> NatsTransport:
+        def make(subject: str, servers: tuple[str, ...], *, via: bool = False) -> NatsTransport:
             # create_stream names the provisioned stream (it exists: nothing is created) so that its
             # duplicate window is declared before open(); open() then reads the real one.
             spec = StreamSpec(name=names.get(subject, "ORC_" + uuid.uuid4().hex[:8].upper()), subjects=(subject,))
-            return NatsTransport(
-                NatsConfig(
-                    servers=servers, subject=subject, create_stream=spec, connect_timeout=1, ack_timeout=ack_timeout
-                ),
-                destination="conformance",
-            )
+            cfg = NatsConfig(servers=servers, subject=subject, create_stream=spec, **_timeouts(via=via))
+            return NatsTransport(cfg, destination="conformance")
 
         parts = urlsplit(nats_url)
         upstream = (parts.hostname or "127.0.0.1", parts.port or 4222)
@@ -168,17 +171,10 @@ class TestNatsAtomicConformance(ConformanceSuite):
             names[f"{prefix}.events"] = stream
             return f"{prefix}.events"
 
-        def make(subject: str, servers: tuple[str, ...], ack_timeout: float = 3.0) -> NatsTransport:
+        def make(subject: str, servers: tuple[str, ...], *, via: bool = False) -> NatsTransport:
             name = names.get(subject, "ORC_" + uuid.uuid4().hex[:8].upper())
             spec = StreamSpec(name=name, subjects=(subject,), allow_atomic=True)
-            cfg = NatsConfig(
-                servers=servers,
-                subject=subject,
-                create_stream=spec,
-                atomic=True,
-                connect_timeout=1,
-                ack_timeout=ack_timeout,
-            )
+            cfg = NatsConfig(servers=servers, subject=subject, create_stream=spec, atomic=True, **_timeouts(via=via))
             return NatsTransport(cfg, destination="conformance")
 
         upstream = ("127.0.0.1", nats_atomic_server.port)
@@ -222,7 +218,7 @@ class TestNatsCredentials:
             names[f"{prefix}.events"] = stream
             return f"{prefix}.events"
 
-        def make(subject: str, port: int, user: str = "relay") -> NatsTransport:
+        def make(subject: str, port: int, user: str = "relay", *, via: bool = False) -> NatsTransport:
             spec = StreamSpec(name=names.get(subject, "ORC_" + uuid.uuid4().hex[:8].upper()), subjects=(subject,))
             cfg = NatsConfig(
                 servers=(f"nats://127.0.0.1:{port}",),
@@ -230,15 +226,14 @@ class TestNatsCredentials:
                 password=secret,
                 subject=subject,
                 create_stream=spec,
-                connect_timeout=1,
-                ack_timeout=3,
+                **_timeouts(via=via),
             )
             return NatsTransport(cfg, destination="conformance")
 
         return ConformanceTarget(
             make_transport=lambda subject: make(subject, server.port),
             provision=provision,
-            make_unreachable=lambda subject: make(subject, free_port()),
+            make_unreachable=lambda subject: make(subject, free_port(), via=True),
             unsupported={
                 "throttle": "JetStream never throttles with a retry hint (a full stream refuses or discards instead)",
             },
