@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from outrelay import Event, EventError, Outbox, Relay, StoreError, hookimpl, parse_config
+from outrelay.core.relay.routing import Router
 from outrelay.core.stores import sqlite_watch
+from outrelay.core.stores.base import InlineRefused, Settlement
 from outrelay.core.stores.sqlite import SQLiteStore
 from outrelay.transports.memory import MemoryTransport
 from outrelay.transports.webhook.receiver import WebhookReceiver, WebhookRequest
@@ -127,6 +131,107 @@ class TestCrossProcessWakeUp:
         finally:
             stop()
             store.close()
+
+    async def test_watch_in_the_relays_loop(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """With the relay's loop and inotify, the watch runs in that loop (no thread of its own) and calls
+        back in the loop's thread for another connection's append; the store's own route, claim and
+        settle run inline in that loop (as the relay runs them at a trickle) cost it no check at all
+        (in a thread of its own it makes one per commit); it stops cleanly."""
+        path = tmp_path / "o.db"
+        if not sqlite_watch._inotify(str(tmp_path)):
+            pytest.skip("inotify is unavailable here: the watcher runs in a polling thread (covered above)")
+        checks = 0
+        original = sqlite_watch.CommitWatcher._look
+
+        def counting(watcher: sqlite_watch.CommitWatcher) -> str:
+            nonlocal checks
+            checks += 1
+            return original(watcher)
+
+        monkeypatch.setattr(sqlite_watch.CommitWatcher, "_look", counting)
+        store = SQLiteStore(f"sqlite:///{path}")
+        other = SQLiteStore(f"sqlite:///{path}")
+        store.acquire_relay("me")
+        loop = asyncio.get_running_loop()
+        threads_before = {t.name for t in threading.enumerate()}
+        calls: list[tuple[str, int]] = []
+        got = asyncio.Event()
+
+        def callback(what: str) -> None:
+            calls.append((what, threading.get_ident()))
+            got.set()
+
+        stop = store.listen(callback, loop=loop)
+        try:
+            assert "outrelay-sqlite-watch" not in {t.name for t in threading.enumerate()} - threads_before
+            for round_ in range(3):
+                await asyncio.to_thread(other.append, [Event(type="t.x", stream=f"s{i}") for i in range(3)])
+                await asyncio.wait_for(got.wait(), 2.0)
+                assert calls == [("appended", threading.get_ident())]
+                calls.clear()
+                got.clear()
+                await asyncio.sleep(sqlite_watch.HOT_WINDOW)  # the append's follow-up checks are over
+                checks = 0
+                now = time.time()
+                assert store.call_inline(partial(store.route, Router([], ["d"]), 100, now)) == 3
+                claimed = store.call_inline(
+                    partial(store.claim, "d", limit=10, per_lane=10, owner="me", lease_seconds=30, now=now)
+                )
+                assert len(claimed) == 3
+                done = [Settlement(c.delivery_id, c.event.stream, "delivered") for c in claimed]
+                store.call_inline(partial(store.settle, "d", "me", done, now))
+                await asyncio.sleep(sqlite_watch.HOT_WINDOW + 0.05)
+                assert checks == 0, f"round {round_}: {checks} checks after the store's own commits"
+                assert calls == []
+        finally:
+            stop()
+            stop()  # idempotent
+            store.close()
+            other.close()
+
+    async def test_a_locked_database_does_not_hold_the_relays_loop(self, tmp_path: Path) -> None:
+        """While another connection holds the write lock for 0.5 s, the relay's store calls that find it
+        locked leave the loop at once (run in the store's thread, which waits there), so the loop keeps
+        ticking; an append once the lock is released is relayed."""
+        MemoryTransport.broker("lat").clear()
+        cfg = mem_config(tmp_path, poll_interval=0.05)
+        relay = Relay(config=cfg)
+        refused = 0
+        real = relay.store.call_inline
+
+        def call_inline(call: Any) -> Any:
+            nonlocal refused
+            try:
+                return real(call)
+            except InlineRefused:
+                refused += 1
+                raise
+
+        relay.store.call_inline = call_inline  # type: ignore[method-assign]
+        task = asyncio.create_task(relay.run())
+        holder = sqlite3.connect(f"{tmp_path}/o.db", isolation_level=None, timeout=5)
+        try:
+            await asyncio.sleep(0.3)
+            other = Outbox.open(cfg.outbox.url)
+            holder.execute("BEGIN IMMEDIATE")
+            gaps: list[float] = []
+            last = time.monotonic()
+            locked_until = last + 0.5
+            while time.monotonic() < locked_until:
+                await asyncio.sleep(0.005)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+            holder.execute("COMMIT")
+            assert refused >= 1  # the router's polls met the lock
+            assert max(gaps) < 0.1, max(gaps)
+            await asyncio.to_thread(other.append, Event(type="t.x", stream="s"))
+            assert await wait_until(lambda: len(MemoryTransport.broker("lat").all()) == 1, 3.0)
+            other.close()
+        finally:
+            holder.close()
+            relay.stop()
+            await task
 
 
 class TestLeases:

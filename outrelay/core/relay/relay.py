@@ -34,6 +34,7 @@ import gc
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -51,7 +52,7 @@ from outrelay.core.relay.destination import DestinationWorker
 from outrelay.core.relay.handoff import RoutingHandoff
 from outrelay.core.relay.routing import Router
 from outrelay.core.relay.unrouted import UnroutedReport
-from outrelay.core.stores.base import Claimed, DestinationStatus
+from outrelay.core.stores.base import Claimed, DestinationStatus, InlineRefused
 from outrelay.core.stores.outbox import Outbox
 
 __all__ = ["Relay", "RunSummary", "build_transports"]
@@ -61,6 +62,9 @@ T = TypeVar("T")
 
 #: seconds each shutdown step after the grace period may take before it is abandoned
 STOP_STEP = 1.0
+#: a store call that took longer runs in the store's thread next time (see Relay.db): the loop is
+#: never held longer than about this by one call, and a draining relay keeps overlapping calls and sends
+INLINE_SECONDS = 0.001
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,13 +179,42 @@ class Relay:
         #: who routes new appends when the store routes and claims in one transaction
         self.handoff = RoutingHandoff(self.workers_values, self._wake_router)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = -1  # threading.get_ident() of the loop's thread, once running
+        self._slow_calls: set[str] = set()  # inline_methods whose last call took over INLINE_SECONDS
         cfg = self.config.relay
         self.budget = ByteBudget(cfg.max_in_flight_bytes, cfg.max_batch_bytes)
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a store call in the store's thread(s)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        """Run a store call in the store's thread(s) — or in this loop's thread, when ``fn`` is one of the
+        store's :attr:`~outrelay.core.stores.base.RelayStore.inline_methods`, its last call took under
+        :data:`INLINE_SECONDS`, and the store can run it without waiting (a relay at a trickle: two
+        thread hand-offs fewer per call; a draining relay's longer calls keep overlapping its sends)."""
+        call: Callable[[], T] = functools.partial(fn, *args, **kwargs)
+        name = getattr(fn, "__name__", "")
+        if name not in self.store.inline_methods or getattr(fn, "__self__", None) is not self.store:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+        if name not in self._slow_calls:
+            started = time.perf_counter()
+            try:
+                result: T = self.store.call_inline(call)
+            except InlineRefused:
+                pass
+            else:
+                if time.perf_counter() - started > INLINE_SECONDS:
+                    self._slow_calls.add(name)
+                return result
+
+        def timed() -> T:
+            started = time.perf_counter()
+            try:
+                return call()
+            finally:
+                if time.perf_counter() - started > INLINE_SECONDS:
+                    self._slow_calls.add(name)
+                else:
+                    self._slow_calls.discard(name)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, timed)
 
     # -- public control ----------------------------------------------------------
 
@@ -242,7 +275,13 @@ class Relay:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        if what == "routed":
+        if threading.get_ident() == self._loop_thread:  # a watch in this loop (SQLite): no hand-off
+            if what == "routed":
+                for w in self.workers.values():
+                    w.wake.set()
+            else:
+                self._appended()
+        elif what == "routed":
             for w in list(self.workers.values()):
                 loop.call_soon_threadsafe(w.wake.set)
         else:
@@ -258,6 +297,7 @@ class Relay:
         self._running = True
         started = time.monotonic()
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._route_wake = asyncio.Event()
         self.budget = ByteBudget(self.config.relay.max_in_flight_bytes, self.config.relay.max_batch_bytes)
         await self._register()
@@ -268,7 +308,11 @@ class Relay:
         audited = self.audit is not None or getattr(self.store, "audit", None) is not None
         self.route_and_claim = combined if callable(combined) and not audited else None
         unsubscribe = self.outbox.add_listener(self.wake)
-        unlisten = self.store.listen(self._on_store_notice)  # other processes' appends (PostgreSQL NOTIFY)
+        # other processes' appends (PostgreSQL NOTIFY; SQLite: a WAL watch in this loop where it can)
+        if self.store.listens_in_loop:
+            unlisten = self.store.listen(self._on_store_notice, loop=self._loop)  # type: ignore[call-arg]
+        else:
+            unlisten = self.store.listen(self._on_store_notice)
         self.workers = {
             name: DestinationWorker(
                 self, name, t, self.config.destinations.get(name) or DestinationConfig(transport=t.name)

@@ -35,7 +35,7 @@ import asyncio
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from outrelay.core.model.envelope import Event
 from outrelay.core.model.history_filter import HistoryFilter, matches
@@ -48,6 +48,7 @@ __all__ = [
     "DestinationStatus",
     "HistoryFilter",
     "HistoryStore",
+    "InlineRefused",
     "OperatorStore",
     "RelayStore",
     "SettleKind",
@@ -55,6 +56,8 @@ __all__ = [
     "Snapshot",
     "Store",
 ]
+
+T = TypeVar("T")
 
 SettleKind = Literal["delivered", "retry", "dead", "park", "hold"]
 
@@ -197,12 +200,23 @@ class AppendStore(ABC):
             raise StoreError(f"{type(self).__name__} takes no async connection; append in a sync one with append()")
         return await asyncio.to_thread(self.append, events)
 
+    #: whether :meth:`listen` takes ``loop=`` (a store of this package; one of a plugin may not)
+    listens_in_loop: bool = False
+
     def listen(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call ``callback(what)`` from any thread when another process has
         committed an append (``"appended"``) or routed events (``"routed"``),
         so a relay wakes before its next poll. Returns a function that stops
-        listening. Default: no notifications (relays poll)."""
+        listening. Default: no notifications (relays poll).
+
+        A store whose :attr:`listens_in_loop` is true also takes ``loop=`` (the caller's running
+        event loop): it may then watch in that loop and call ``callback`` in the loop's thread
+        (the stop function must then be called there too)."""
         return lambda: None
+
+
+class InlineRefused(Exception):
+    """:meth:`RelayStore.call_inline` would have had to wait; nothing was done."""
 
 
 class RelayStore(ABC):
@@ -213,6 +227,16 @@ class RelayStore(ABC):
     max_workers: int = 1
     #: whether several relay processes may share this store
     multi_relay: bool = False
+    #: names of this store's methods a relay may run through :meth:`call_inline`
+    inline_methods: frozenset[str] = frozenset()
+
+    def call_inline(self, call: Callable[[], T]) -> T:
+        """Run ``call`` (one of :attr:`inline_methods`, bound and with its arguments) in the caller's
+        thread — the relay's event loop — if it can run without waiting: a call that would wait (for a
+        lock, or another writer) raises :class:`InlineRefused` before it changed anything, and the relay
+        runs it in the store's thread instead. Saves two thread hand-offs per call where calls are
+        short (a relay at a trickle). Default: always refused."""
+        raise InlineRefused(f"{type(self).__name__} runs no call inline")
 
     @abstractmethod
     def acquire_relay(self, owner: str) -> None:

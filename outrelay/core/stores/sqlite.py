@@ -9,6 +9,7 @@ in its transaction; the relay's bookkeeping uses its own connection.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sqlite3
@@ -17,13 +18,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from outrelay.core.model.envelope import Event
 from outrelay.core.model.errors import EventError, StoreError, StoreLockedError
-from outrelay.core.stores.base import Attempt, Claimed, Settlement, Store
+from outrelay.core.stores.base import Attempt, Claimed, InlineRefused, Settlement, Store
 from outrelay.core.stores.lanes import SQLiteLanesMixin
 from outrelay.core.stores.sqlite_attempts import SQLiteAttemptsMixin
 from outrelay.core.stores.sqlite_audit import SQLiteAuditMixin
@@ -70,6 +71,8 @@ def _busy(db: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> sqlite3
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) and "busy" not in str(exc):
                 raise
+            if getattr(_inline, "on", False):  # in the relay's loop (SQLiteStore.call_inline): never wait there
+                raise InlineRefused(f"the database is locked ({sql.split()[0]})") from exc
             now = time.monotonic()
             if not deadline:
                 deadline, eager = now + BUSY_TIMEOUT, now + _BUSY_EAGER
@@ -91,6 +94,8 @@ _NEXT_DUE_LANE = (
 
 _BUSY_FIRST = 0.0001  # seconds between tries of a locked database at first
 _BUSY_EAGER = 0.01  # seconds of tries every _BUSY_FIRST before backing off
+_inline = threading.local()  # .on: this thread runs a SQLiteStore.call_inline (a busy database refuses it)
+T = TypeVar("T")
 
 
 class SQLiteStore(
@@ -100,6 +105,9 @@ class SQLiteStore(
 
     max_workers = 1
     multi_relay = False
+    #: the relay's calls at every event; each is one transaction (or a read) whose only wait is the first
+    #: statement's (see :meth:`call_inline`)
+    inline_methods = frozenset({"route", "claim", "route_and_claim", "settle", "next_due"})
 
     def __init__(self, url: str, *, synchronous: str = "FULL") -> None:
         self.url = url
@@ -112,6 +120,7 @@ class SQLiteStore(
         self._quiet: dict[str, tuple[float, float]] = {}
         self._synchronous = synchronous
         self._lockfile: int | None = None
+        self._own_watch: CommitWatcher | None = None
         try:
             # timeout=0: a busy database raises at once and _busy() retries every 0.1 ms at first; SQLite's own
             # busy handler sleeps 1, 2, 5, 10, 15, 20, 25... ms, which put 50-100 ms into the relay's p99
@@ -151,10 +160,17 @@ class SQLiteStore(
                     self._sync_now = ""  # unknown until the PRAGMA ran
                     db.execute(f"PRAGMA synchronous={wanted}")
                     self._sync_now = wanted
+                watch = self._own_watch if self._own_watch is not None and self._own_watch.owns_thread() else None
                 try:
                     _busy(db, f"BEGIN {mode}")
+                    if watch is not None:
+                        watch.own_tx_begun()
                     yield db
+                    if watch is not None:
+                        before = db.execute("PRAGMA data_version").fetchone()[0]
                     _busy(db, "COMMIT")
+                    if watch is not None:
+                        watch.own_tx_committed(before, lambda: db.execute("PRAGMA data_version").fetchone()[0])
                     if not relaxed:
                         self._quiet.clear()
                 except BaseException:
@@ -163,6 +179,19 @@ class SQLiteStore(
                     raise
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
+
+    def call_inline(self, call: Callable[[], T]) -> T:
+        """See :meth:`Store.call_inline`: refused while another thread uses the connection, or when the
+        database is locked by another writer (``_busy`` refuses instead of waiting; each of
+        :attr:`inline_methods` meets it at its first statement, or rolls back: nothing was done)."""
+        if not self._lock.acquire(blocking=False):
+            raise InlineRefused("the store's connection is in use")
+        try:
+            _inline.on = True
+            return call()
+        finally:
+            _inline.on = False
+            self._lock.release()
 
     def _q(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
@@ -240,15 +269,28 @@ class SQLiteStore(
             raise StoreError(f"SQLite outbox {self.path!r}: {exc}") from exc
         return [e.with_sequence(s) for e, s in zip(events, seqs, strict=True)]
 
-    def listen(self, callback: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``callback("appended")`` from a thread within milliseconds of another
-        process committing an append (see :mod:`.sqlite_watch`); returns the stop function."""
+    listens_in_loop = True
+
+    def listen(
+        self, callback: Callable[[str], None], *, loop: asyncio.AbstractEventLoop | None = None
+    ) -> Callable[[], None]:
+        """Call ``callback("appended")`` within milliseconds of another process committing an
+        append (see :mod:`.sqlite_watch`): in ``loop`` (from its thread; call the returned stop
+        function there too) where inotify is available, else from a thread; returns the stop function."""
         try:
-            watcher = CommitWatcher(self.path, callback)
+            watcher = CommitWatcher(self.path, callback, loop)
         except (sqlite3.Error, OSError) as exc:  # polling still works: a degraded relay, not a dead one
             log.warning("SQLite outbox %r: no cross-process wake-ups (%s); polling only", self.path, exc)
             return lambda: None
-        return watcher.stop
+        if watcher.in_loop:
+            self._own_watch = watcher
+
+        def stop() -> None:
+            if self._own_watch is watcher:
+                self._own_watch = None
+            watcher.stop()
+
+        return stop
 
     # -- relay side -------------------------------------------------------------
 
@@ -410,7 +452,8 @@ class SQLiteStore(
             # Nothing due (a relay between batches, a trickle of appends): a read says so without the write
             # transaction below, whose lock an appender's fsync holds for a millisecond at a time. A lane due a
             # moment after this read is claimed by the next claim, as if this one had run a moment earlier.
-            if not self._q(_ANY_DUE_LANE, (destination, now, owner)):
+            # Inside route_and_claim's write transaction the read would save nothing.
+            if not self._db.in_transaction and not self._q(_ANY_DUE_LANE, (destination, now, owner)):
                 try:
                     self._know_quiet(self._db, destination, owner, now)
                 except sqlite3.Error as exc:
@@ -601,20 +644,22 @@ class SQLiteStore(
         """Release the settled lanes: lower their pending counts, due again at their ``due_at``
         (parked ones stop), deleted when empty."""
         for stream, (due, parked, removed) in lanes.items():
-            if removed:
-                db.execute(
-                    "UPDATE outrelay_lanes SET pending = pending - ? WHERE destination = ? AND stream = ?",
-                    (removed, destination, stream),
-                )
-            db.execute(
-                "UPDATE outrelay_lanes SET owner = NULL, due_at = ?, parked = ? "
-                "WHERE destination = ? AND stream = ? AND owner = ?",
-                (due, int(parked), destination, stream, owner),
-            )
+            # a lane this settle empties goes, whoever holds it (a relay whose lease ran out may settle
+            # after another took the lane): one statement at a trickle; else its count drops, and it is
+            # released (due again at `due`, or parked) if it is still ``owner``'s: one more
             emptied = db.execute(
-                "DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ? AND pending <= 0",
-                (destination, stream),
+                "DELETE FROM outrelay_lanes WHERE destination = ? AND stream = ? AND pending <= ?",
+                (destination, stream, removed),
             ).rowcount
+            if not emptied:
+                db.execute(
+                    "UPDATE outrelay_lanes SET pending = pending - ?, "
+                    "due_at = CASE WHEN owner = ? THEN ? ELSE due_at END, "
+                    "parked = CASE WHEN owner = ? THEN ? ELSE parked END, "
+                    "owner = CASE WHEN owner = ? THEN NULL ELSE owner END "
+                    "WHERE destination = ? AND stream = ?",
+                    (removed, owner, due, owner, int(parked), owner, destination, stream),
+                )
             if not emptied and not parked:  # the lane keeps deliveries: due again at `due`
                 self._lower_quiet(destination, due)
 

@@ -3,7 +3,9 @@ committed append within a few milliseconds, without busy polling.
 
 SQLite has no LISTEN/NOTIFY. A commit in WAL mode writes its frames to the
 ``-wal`` file with ``write()``, then makes them visible through the shared
-wal-index. :class:`CommitWatcher` runs one daemon thread:
+wal-index. :class:`CommitWatcher` watches in the caller's event loop when
+given one and inotify is available (the relay does: no thread of its own, no
+hand-off to call back), else in one daemon thread:
 
 * **Linux**: it blocks on an ``inotify`` watch of the database's directory
   (events for the ``-wal`` file only), so an idle relay costs nothing. The
@@ -15,7 +17,7 @@ wal-index. :class:`CommitWatcher` runs one daemon thread:
   *another process* holds SQLite's WAL write lock (``F_GETLK`` on the lock
   byte in the ``-shm`` file: a lock held by this process, the relay's own,
   is not reported), then checks once. A writer that holds the lock has not
-  made its commit visible yet: the thread checks again every ``FAST_STEP``
+  made its commit visible yet: the watcher checks again every ``FAST_STEP``
   (1 ms) until the lock is free (after ``HOT_WINDOW``, every ``SLOW_STEP``;
   after a second, every 50 ms).
   A free lock means every write seen before it is committed or rolled back,
@@ -24,6 +26,13 @@ wal-index. :class:`CommitWatcher` runs one daemon thread:
   check that finds the data unchanged after a write (a writer of this
   process still committing) is followed up the same way until it changes,
   for ``HOT_WINDOW`` at most.
+  In the loop, the store's own transactions run there too (the relay's calls at
+  a trickle, see ``SQLiteStore.call_inline``) and tell the watcher: the events
+  read right after their ``BEGIN IMMEDIATE`` (the lock held) are other writers'
+  finished writes, and those read right after their ``COMMIT`` are their own,
+  unless another process holds the lock by then or a commit since moved the
+  store connection's ``data_version``. So the relay's own bookkeeping costs no
+  round at all (``own_tx_begun``, ``own_tx_committed``).
 * **Elsewhere** (or if inotify is unavailable) it polls: every 2 ms while
   appends keep coming, backing off to 50 ms after a second of quiet.
 
@@ -39,6 +48,7 @@ overlaps the relay's own commit.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import ctypes.util
@@ -107,11 +117,15 @@ def _foreign_writer(shm: int | None) -> bool:
 
 
 class CommitWatcher:
-    """Calls ``callback("appended")`` from its thread when another connection
-    commits new events to the SQLite outbox at ``path`` (see module docstring).
-    :meth:`stop` ends the thread (idempotent)."""
+    """Calls ``callback("appended")`` when another connection commits new events to the SQLite
+    outbox at ``path`` (see the module docstring). With ``loop`` (and inotify), the watch runs in
+    that event loop and the callback is called there; else a daemon thread runs it and calls the
+    callback from that thread. :meth:`stop` ends it (idempotent; with ``loop``, call it in the
+    loop's thread)."""
 
-    def __init__(self, path: str, callback: Callable[[str], None]) -> None:
+    def __init__(
+        self, path: str, callback: Callable[[str], None], loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         self._path = path
         self._wal = os.path.basename(path) + "-wal"
         self._wal_name = os.fsencode(self._wal) + b"\0"  # as it ends in an event: NUL-padded
@@ -123,6 +137,22 @@ class CommitWatcher:
         self._last = self._max_seq()
         self._fd = _inotify(os.path.dirname(os.path.abspath(path)))
         self._shm = _open_shm(path) if self._fd is not None else None
+        self._pending_since: float | None = None  # when the writer being waited for was first seen
+        self._unseen = False  # a write was seen, and no commit since
+        self._checked = 0.0  # when the last check ran
+        self._loop = loop if self._fd is not None else None
+        self._timer: asyncio.TimerHandle | None = None
+        self._thread: threading.Thread | None = None
+        self._wake_r = self._wake_w = -1
+        self._watching = False  # the loop watches the inotify fd
+        self._forced = False  # a round must check even if it reads no inotify event
+        self._loop_thread = threading.get_ident() if self._loop is not None else -1
+        if self._loop is not None:
+            # a check in the loop waits at most 10 ms for a lock (SQLITE_BUSY, rare for a WAL reader)
+            self._db.execute("PRAGMA busy_timeout = 10")
+            self._loop.add_reader(self._fd, self._readable)  # type: ignore[arg-type]
+            self._watching = True
+            return
         self._wake_r, self._wake_w = os.pipe()  # stop() ends a blocking select at once
         self._thread = threading.Thread(target=self._run, name="outrelay-sqlite-watch", daemon=True)
         self._thread.start()
@@ -131,19 +161,31 @@ class CommitWatcher:
     def uses_inotify(self) -> bool:
         return self._fd is not None
 
+    @property
+    def in_loop(self) -> bool:
+        """Whether the watch runs in the caller's event loop (no thread of its own)."""
+        return self._loop is not None
+
     def stop(self) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        os.write(self._wake_w, b"x")
-        self._thread.join(timeout=5)
+        if self._loop is not None:
+            if self._timer is not None:
+                self._timer.cancel()
+            if not self._loop.is_closed():
+                self._unwatch()
+        else:
+            os.write(self._wake_w, b"x")
+            assert self._thread is not None
+            self._thread.join(timeout=5)
         for fd in (self._fd, self._shm, self._wake_r, self._wake_w):
-            if fd is not None:
+            if fd is not None and fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._db.close()
 
-    # -- the thread ---------------------------------------------------------------
+    # -- the checks -----------------------------------------------------------------
 
     def _max_seq(self) -> int:
         row = self._db.execute("SELECT MAX(seq) FROM outrelay_events").fetchone()
@@ -153,10 +195,13 @@ class CommitWatcher:
         """True if new events were committed since the last check (callback called)."""
         return self._look() == "appended"
 
+    def _data_version(self) -> int:
+        return int(self._db.execute("PRAGMA data_version").fetchone()[0])
+
     def _look(self) -> str:
         """One check: ``"appended"`` (new events committed; callback called), ``"changed"``
         (other commits, e.g. the relay's bookkeeping) or ``"same"`` (nothing committed)."""
-        version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
+        version = self._data_version()
         if version == self._version:
             return "same"
         self._version = version
@@ -183,6 +228,124 @@ class CommitWatcher:
                 return hit
             hit = hit or self._wal_name in buf or _OVERFLOW_WD in buf
 
+    def _rest(self) -> float:
+        """Seconds to wait after a wake-up before the round: writes within ``FAST_STEP`` of the
+        last check share the next one."""
+        return FAST_STEP - (time.monotonic() - self._checked)
+
+    def _round(self) -> float | None:
+        """One round after a wake-up (see the module docstring): read the inotify events; when one
+        concerns the WAL, or a writer is being waited for, ask whether another process is still
+        writing, and check. Returns None to wait for the next write, or the seconds until the next
+        round (``FAST_STEP``, ``SLOW_STEP`` after ``HOT_WINDOW``) while a writer is not done:
+        another process holds the WAL write lock, or nothing became visible after a write (a
+        writer of this process)."""
+        wrote = self._drain_events() or self._forced
+        self._forced = False
+        if not wrote and self._pending_since is None:
+            return None
+        self._unseen = self._unseen or wrote
+        if self._shm is None:
+            self._shm = _open_shm(self._path)
+        writing = _foreign_writer(self._shm)  # first: a lock free now means every write seen is done
+        seen = self._look()
+        now = self._checked = time.monotonic()
+        if seen != "same":
+            self._unseen = False
+        if not (writing or self._unseen):
+            self._pending_since = None
+            return None
+        if self._pending_since is None or seen != "same":  # waiting starts, or commits go on
+            self._pending_since = now
+        elif self._unseen and now - self._pending_since >= HOT_WINDOW:
+            self._unseen = False  # a write of this process that never committed (rolled back)
+        waited = now - self._pending_since
+        return FAST_STEP if waited < HOT_WINDOW else SLOW_STEP if waited < 1.0 else _LONG_STEP
+
+    def owns_thread(self) -> bool:
+        """Whether the caller runs in the loop the watch runs in."""
+        return self._loop is not None and threading.get_ident() == self._loop_thread
+
+    def own_tx_begun(self) -> None:
+        """Called (in the loop's thread) right after a write transaction of the watched store's own began,
+        holding the WAL write lock: the inotify events read now are other writers' finished writes."""
+        if self._stopped.is_set():
+            return
+        try:
+            if self._drain_events():
+                self._force()
+        except OSError:
+            self._force()
+
+    def own_tx_committed(self, version_before: int, version_now: Callable[[], int]) -> None:
+        """Called (in the loop's thread) right after that transaction committed: the events read now are
+        its own writes, and those of another writer that took the lock since — which still holds it, or
+        whose commit moved the store connection's ``data_version`` (``version_before``: read in the
+        transaction; ``version_now`` reads it now; a connection's own commits never move it). Never
+        raises (the transaction is committed): on an error, the next round checks."""
+        if self._stopped.is_set():
+            return
+        try:
+            if not self._drain_events():
+                return
+            # first: the watcher's own baseline, which this commit moved (a later check would take that
+            # move for another writer's); a foreign commit after this read is still seen by the next check
+            mine = self._data_version()
+            if self._shm is None:
+                self._shm = _open_shm(self._path)
+            if _foreign_writer(self._shm) or version_now() != version_before:
+                self._force()
+            else:
+                self._version = mine
+        except (OSError, sqlite3.Error):
+            self._force()
+
+    def _force(self) -> None:
+        assert self._loop is not None
+        self._forced = True
+        if self._timer is None:
+            self._timer = self._loop.call_later(0, self._loop_round)
+
+    # -- in the event loop -----------------------------------------------------------
+
+    def _readable(self) -> None:
+        """The loop saw a write: one round now, or after the rest of ``FAST_STEP`` (the inotify fd is
+        not watched meanwhile: its events queue up and are read by the round)."""
+        assert self._loop is not None
+        rest = self._rest()
+        if rest > 0:
+            self._unwatch()
+            self._timer = self._loop.call_later(rest, self._loop_round)
+        else:
+            self._loop_round()
+
+    def _loop_round(self) -> None:
+        """One round (:meth:`_round`), then watch the fd again, or come back when the round asks."""
+        assert self._loop is not None
+        self._timer = None
+        if self._stopped.is_set():
+            return
+        try:
+            wait = self._round()
+        except (sqlite3.Error, OSError) as exc:  # e.g. busy, or the file was replaced: polling still covers us
+            log.debug("sqlite commit watcher: %s", exc)
+            wait = _LONG_STEP
+        if wait is None:
+            if not self._watching:  # most rounds end here with the fd still watched: no epoll_ctl
+                self._loop.add_reader(self._fd, self._readable)  # type: ignore[arg-type]
+                self._watching = True
+        else:
+            self._unwatch()
+            self._timer = self._loop.call_later(wait, self._loop_round)
+
+    def _unwatch(self) -> None:
+        assert self._loop is not None
+        if self._watching:
+            self._loop.remove_reader(self._fd)  # type: ignore[arg-type]
+            self._watching = False
+
+    # -- in a thread -------------------------------------------------------------------
+
     def _run(self) -> None:
         if self._fd is not None:
             self._run_inotify()
@@ -201,45 +364,25 @@ class CommitWatcher:
                     return
 
     def _run_inotify(self) -> None:
-        """The Linux loop (see the module docstring): block until a WAL write; then ask whether
-        another process is still writing, and check. Follow up every ``FAST_STEP`` (``SLOW_STEP``
-        after ``HOT_WINDOW``) while a writer is not done: another process holds the WAL write lock,
-        or nothing became visible after a write (a writer of this process); else block again.
-        Writes that come meanwhile are read all at once (one inotify event per page written)."""
+        """The Linux loop of the thread: block until a WAL write, then run rounds (:meth:`_round`)
+        as long as it asks; writes that come meanwhile are read all at once (one inotify event per
+        page written)."""
         assert self._fd is not None
-        pending_since: float | None = None  # when the writer being waited for was first seen
-        unseen = False  # a write was seen, and no commit since
-        checked = 0.0  # when the last check ran
+        wait: float | None = None
         while not self._stopped.is_set():
             try:
-                if pending_since is None:
+                if wait is None:
                     select.select([self._fd, self._wake_r], [], [])
-                    rest = FAST_STEP - (time.monotonic() - checked)
+                    rest = self._rest()
                     if rest > 0:  # writes within a millisecond of the last check: one check for them all
                         select.select([self._wake_r], [], [], rest)
                 else:
-                    waited = time.monotonic() - pending_since
-                    step = FAST_STEP if waited < HOT_WINDOW else SLOW_STEP if waited < 1.0 else _LONG_STEP
-                    select.select([self._wake_r], [], [], step)
-                wrote = self._drain_events()
-                if not wrote and pending_since is None:
-                    continue
-                unseen = unseen or wrote
-                if self._shm is None:
-                    self._shm = _open_shm(self._path)
-                writing = _foreign_writer(self._shm)  # first: a lock free now means every write seen is done
-                seen = self._look()
-                checked = time.monotonic()
-                if seen != "same":
-                    unseen = False
-                now = time.monotonic()
-                if not (writing or unseen):
-                    pending_since = None
-                elif pending_since is None or seen != "same":  # waiting starts, or commits go on
-                    pending_since = now
-                elif unseen and now - pending_since >= HOT_WINDOW:
-                    unseen = False  # a write of this process that never committed (rolled back)
+                    select.select([self._wake_r], [], [], wait)
+                if self._stopped.is_set():
+                    return
+                wait = self._round()
             except (sqlite3.Error, OSError) as exc:  # e.g. the file was replaced: polling still covers us
                 log.debug("sqlite commit watcher: %s", exc)
+                wait = None
                 if self._stopped.wait(0.5):
                     return
