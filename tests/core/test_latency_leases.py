@@ -43,6 +43,19 @@ async def wait_until(predicate: Any, timeout: float) -> bool:
     return predicate()
 
 
+def count_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the commit watchers' checks (``CommitWatcher._look``) in ``[0]`` from now on."""
+    checks = [0]
+    original = sqlite_watch.CommitWatcher._look
+
+    def counting(watcher: sqlite_watch.CommitWatcher) -> str:
+        checks[0] += 1
+        return original(watcher)
+
+    monkeypatch.setattr(sqlite_watch.CommitWatcher, "_look", counting)
+    return checks
+
+
 class TestCrossProcessWakeUp:
     @pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "polling"])
     async def test_append_on_another_connection_is_relayed_before_the_poll(
@@ -96,15 +109,7 @@ class TestCrossProcessWakeUp:
         """A bookkeeping write of the relay's process (relaxed, as the relay's route, claim and settle)
         costs the watcher about one check, not a window of checks every few milliseconds; an append
         from another process is still seen at once."""
-        checks = 0
-        original = sqlite_watch.CommitWatcher._look
-
-        def counting(watcher: sqlite_watch.CommitWatcher) -> str:
-            nonlocal checks
-            checks += 1
-            return original(watcher)
-
-        monkeypatch.setattr(sqlite_watch.CommitWatcher, "_look", counting)
+        checks = count_checks(monkeypatch)
         path = tmp_path / "o.db"
         store = SQLiteStore(f"sqlite:///{path}")
         got = threading.Event()
@@ -113,14 +118,14 @@ class TestCrossProcessWakeUp:
             if not sqlite_watch._inotify(str(tmp_path)):
                 pytest.skip("inotify is unavailable here: the watcher polls instead (covered above)")
             time.sleep(0.1)
-            checks = 0
+            checks[0] = 0
             for _ in range(10):
                 with store._tx(relaxed=True) as db:  # what the relay's settle commits
                     db.execute("UPDATE outrelay_meta SET value = value WHERE key = 'route_cursor'")
                 time.sleep(0.02)
             time.sleep(sqlite_watch.HOT_WINDOW)
             # a window of checks every 1-5 ms after each write would make 100-500
-            assert checks <= 25, checks
+            assert checks[0] <= 25, checks[0]
             assert not got.is_set()
             script = (
                 "import sys; from outrelay import Event, Outbox; "
@@ -140,15 +145,7 @@ class TestCrossProcessWakeUp:
         path = tmp_path / "o.db"
         if not sqlite_watch._inotify(str(tmp_path)):
             pytest.skip("inotify is unavailable here: the watcher runs in a polling thread (covered above)")
-        checks = 0
-        original = sqlite_watch.CommitWatcher._look
-
-        def counting(watcher: sqlite_watch.CommitWatcher) -> str:
-            nonlocal checks
-            checks += 1
-            return original(watcher)
-
-        monkeypatch.setattr(sqlite_watch.CommitWatcher, "_look", counting)
+        checks = count_checks(monkeypatch)
         store = SQLiteStore(f"sqlite:///{path}")
         other = SQLiteStore(f"sqlite:///{path}")
         store.acquire_relay("me")
@@ -171,7 +168,7 @@ class TestCrossProcessWakeUp:
                 calls.clear()
                 got.clear()
                 await asyncio.sleep(sqlite_watch.HOT_WINDOW)  # the append's follow-up checks are over
-                checks = 0
+                checks[0] = 0
                 now = time.time()
                 assert store.call_inline(partial(store.route, Router([], ["d"]), 100, now)) == 3
                 claimed = store.call_inline(
@@ -181,7 +178,7 @@ class TestCrossProcessWakeUp:
                 done = [Settlement(c.delivery_id, c.event.stream, "delivered") for c in claimed]
                 store.call_inline(partial(store.settle, "d", "me", done, now))
                 await asyncio.sleep(sqlite_watch.HOT_WINDOW + 0.05)
-                assert checks == 0, f"round {round_}: {checks} checks after the store's own commits"
+                assert checks[0] == 0, f"round {round_}: {checks[0]} checks after the store's own commits"
                 assert calls == []
         finally:
             stop()
