@@ -133,7 +133,10 @@ class CommitWatcher:
         self._stopped = threading.Event()
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
         self._db.execute("PRAGMA query_only=1")
-        self._version = -1
+        # the baseline of the checks, version first: a commit between the two reads is then taken for
+        # one without new events, never hidden (a stale -1 made the first check after a write of this
+        # process, caught before its commit was visible, end the wait for it: "changed", no new events)
+        self._version = self._data_version()
         self._last = self._max_seq()
         self._fd = _inotify(os.path.dirname(os.path.abspath(path)))
         self._shm = _open_shm(path) if self._fd is not None else None
@@ -295,8 +298,8 @@ class CommitWatcher:
                 self._shm = _open_shm(self._path)
             if _foreign_writer(self._shm) or version_now() != version_before:
                 self._force()
-            else:
-                self._version = mine
+            elif not (self._forced or self._timer is not None or self._pending_since is not None):
+                self._version = mine  # else a round is due: it checks against the old baseline, MAX(seq) included
         except (OSError, sqlite3.Error):
             self._force()
 
