@@ -7,8 +7,9 @@ wal-index. :class:`CommitWatcher` watches in the caller's event loop when
 given one and inotify is available (the relay does: no thread of its own, no
 hand-off to call back), else in one daemon thread:
 
-* **Linux**: it blocks on an ``inotify`` watch of the database's directory
-  (events for the ``-wal`` file only), so an idle relay costs nothing. The
+* **Linux**: it waits on an ``inotify`` watch of the database's directory
+  (events for the ``-wal`` file only; a reader of the loop, or a blocking
+  ``select`` in the thread), so an idle relay costs nothing. The
   ``write()`` is seen slightly *before* the commit is visible (the fsync
   comes between), and most WAL writes are the relay's own bookkeeping
   (route, claim, settle: several per relayed event at a trickle, when
@@ -21,8 +22,9 @@ hand-off to call back), else in one daemon thread:
   (1 ms) until the lock is free (after ``HOT_WINDOW``, every ``SLOW_STEP``;
   after a second, every 50 ms).
   A free lock means every write seen before it is committed or rolled back,
-  so the one check sees it; the relay's own writes thus cost one check (writes
-  within a millisecond of the last check share the next one). A
+  so the one check sees it; the relay's own writes made in another thread
+  thus cost one check (writes within a millisecond of the last check share
+  the next one). A
   check that finds the data unchanged after a write (a writer of this
   process still committing) is followed up the same way until it changes,
   for ``HOT_WINDOW`` at most.
