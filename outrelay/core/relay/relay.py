@@ -275,17 +275,13 @@ class Relay:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        if threading.get_ident() == self._loop_thread:  # a watch in this loop (SQLite): no hand-off
-            if what == "routed":
-                for w in self.workers.values():
-                    w.wake.set()
+        # from this loop's thread (SQLite's watch in the loop) at once, from another one through the loop
+        direct = threading.get_ident() == self._loop_thread
+        for fn in [w.wake.set for w in self.workers.values()] if what == "routed" else [self._appended]:
+            if direct:
+                fn()
             else:
-                self._appended()
-        elif what == "routed":
-            for w in list(self.workers.values()):
-                loop.call_soon_threadsafe(w.wake.set)
-        else:
-            self.wake()
+                loop.call_soon_threadsafe(fn)
 
     async def run(self, *, drain: bool = False) -> RunSummary:
         """Relay until :meth:`stop` (or, with ``drain``, until idle).

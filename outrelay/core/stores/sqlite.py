@@ -31,7 +31,7 @@ from outrelay.core.stores.sqlite_audit import SQLiteAuditMixin
 from outrelay.core.stores.sqlite_history import SQLiteHistoryMixin
 from outrelay.core.stores.sqlite_ops import SQLiteOperatorMixin
 from outrelay.core.stores.sqlite_schema import MIGRATIONS
-from outrelay.core.stores.sqlite_watch import CommitWatcher
+from outrelay.core.stores.sqlite_watch import CommitWatcher, data_version
 
 __all__ = ["SQLiteStore", "path_from_url"]
 
@@ -167,10 +167,10 @@ class SQLiteStore(
                         watch.own_tx_begun()
                     yield db
                     if watch is not None:
-                        before = db.execute("PRAGMA data_version").fetchone()[0]
+                        before = data_version(db)
                     _busy(db, "COMMIT")
                     if watch is not None:
-                        watch.own_tx_committed(before, lambda: db.execute("PRAGMA data_version").fetchone()[0])
+                        watch.own_tx_committed(before, db)
                     if not relaxed:
                         self._quiet.clear()
                 except BaseException:

@@ -65,7 +65,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["CommitWatcher"]
+__all__ = ["CommitWatcher", "data_version"]
 
 log = logging.getLogger("outrelay.relay")
 
@@ -118,6 +118,11 @@ def _foreign_writer(shm: int | None) -> bool:
     return bool(struct.unpack(_FLOCK, got)[0] != fcntl.F_UNLCK)
 
 
+def data_version(db: sqlite3.Connection) -> int:
+    """``PRAGMA data_version`` of ``db``: moves when another connection commits, never for ``db``'s own."""
+    return int(db.execute("PRAGMA data_version").fetchone()[0])
+
+
 class CommitWatcher:
     """Calls ``callback("appended")`` when another connection commits new events to the SQLite
     outbox at ``path`` (see the module docstring). With ``loop`` (and inotify), the watch runs in
@@ -138,7 +143,7 @@ class CommitWatcher:
         # the baseline of the checks, version first: a commit between the two reads is then taken for
         # one without new events, never hidden (a stale -1 made the first check after a write of this
         # process, caught before its commit was visible, end the wait for it: "changed", no new events)
-        self._version = self._data_version()
+        self._version = data_version(self._db)
         self._last = self._max_seq()
         self._fd = _inotify(os.path.dirname(os.path.abspath(path)))
         self._shm = _open_shm(path) if self._fd is not None else None
@@ -200,13 +205,10 @@ class CommitWatcher:
         """True if new events were committed since the last check (callback called)."""
         return self._look() == "appended"
 
-    def _data_version(self) -> int:
-        return int(self._db.execute("PRAGMA data_version").fetchone()[0])
-
     def _look(self) -> str:
         """One check: ``"appended"`` (new events committed; callback called), ``"changed"``
         (other commits, e.g. the relay's bookkeeping) or ``"same"`` (nothing committed)."""
-        version = self._data_version()
+        version = data_version(self._db)
         if version == self._version:
             return "same"
         self._version = version
@@ -282,12 +284,12 @@ class CommitWatcher:
         except OSError:
             self._force()
 
-    def own_tx_committed(self, version_before: int, version_now: Callable[[], int]) -> None:
+    def own_tx_committed(self, version_before: int, db: sqlite3.Connection) -> None:
         """Called (in the loop's thread) right after that transaction committed: the events read now are
         its own writes, and those of another writer that took the lock since — which still holds it, or
-        whose commit moved the store connection's ``data_version`` (``version_before``: read in the
-        transaction; ``version_now`` reads it now; a connection's own commits never move it). Never
-        raises (the transaction is committed): on an error, the next round checks."""
+        whose commit moved the :func:`data_version` of the store's connection ``db`` (``version_before``:
+        read in the transaction; a connection's own commits never move it). Never raises (the
+        transaction is committed): on an error, the next round checks."""
         if self._stopped.is_set():
             return
         try:
@@ -295,10 +297,10 @@ class CommitWatcher:
                 return
             # first: the watcher's own baseline, which this commit moved (a later check would take that
             # move for another writer's); a foreign commit after this read is still seen by the next check
-            mine = self._data_version()
+            mine = data_version(self._db)
             if self._shm is None:
                 self._shm = _open_shm(self._path)
-            if _foreign_writer(self._shm) or version_now() != version_before:
+            if _foreign_writer(self._shm) or data_version(db) != version_before:
                 self._force()
             elif not (self._forced or self._timer is not None or self._pending_since is not None):
                 self._version = mine  # else a round is due: it checks against the old baseline, MAX(seq) included
