@@ -253,6 +253,12 @@ class DestinationWorker:
             if quiet > now:
                 await self._wait_for_work(quiet)
                 return True
+            return False
+        hold = relay.handoff.hold()  # steady load: let a few milliseconds of appends share one routing
+        if hold > 0:
+            self.wake.clear()  # the claim after the hold sees whatever woke us meanwhile
+            await asyncio.sleep(hold)
+            return True
         return False
 
     async def _claim(self, probe: bool, room: int, now: float) -> list[Claimed]:
@@ -266,13 +272,15 @@ class DestinationWorker:
         combined = relay.route_and_claim
         if combined is None or not relay.handoff.take():
             return await relay.db(relay.store.claim, self.name, **claim)
+        routed = 0
+        claimed: list[Claimed] = []  # what a failed call leaves: no backlog seen
         try:
             routed, claimed = await relay.db(combined, relay.router, relay.config.relay.route_batch, self.name, **claim)
         except BaseException:
             relay.wake()  # routed nothing: the appends wait for the next routing again
             raise
         finally:
-            relay.handoff.done()
+            relay.handoff.done(backlog=routed >= relay.config.relay.route_batch or len(claimed) >= claim["limit"])
         relay.routed(routed, now)
         return claimed
 

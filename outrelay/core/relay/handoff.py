@@ -8,12 +8,18 @@ routing at a time (``take`` / ``done``), an idle destination woken to route them
 should none claim within ``delay`` seconds (every destination paused, or stuck on a
 slow send), the router woken to route them itself.
 
+Under steady load (a routing began less than ``linger`` seconds ago and did not find a
+backlog) the next routing waits for the rest of ``linger`` (:meth:`RoutingHandoff.hold`),
+so one store round routes, claims and settles the appends of a few milliseconds together
+instead of one each; at a trickle (appends further apart than ``linger``) nothing waits.
+
 It runs on the relay's event loop; nothing in it is thread-safe.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -39,10 +45,14 @@ class RoutingHandoff:
         destinations: Callable[[], Iterable[Wakeable]],
         wake_router: Callable[[], None],
         delay: float = HANDOFF_DELAY,
+        linger: float = 0.0,
     ) -> None:
         self._destinations = destinations
         self._wake_router = wake_router
         self._delay = delay
+        self._linger = linger
+        self._taken_at = float("-inf")  # when the last routing by a destination's claim began (time.monotonic)
+        self._backlog = False  # the last routing found a full batch: the next one must not wait
         self._unrouted = False  # appends committed since the last routing began
         self._routing = 0  # routings in progress (at most one)
         self._timer: asyncio.TimerHandle | None = None
@@ -68,17 +78,29 @@ class RoutingHandoff:
             return False
         self._unrouted = False
         self._routing += 1
+        if not router:  # the router's rounds (polls) say nothing about the rate of appends
+            self._taken_at = time.monotonic()
         if self._timer is not None:  # this routing takes the waiting appends: no wake-up for them later
             self._timer.cancel()
             self._timer = None
         return True
 
-    def done(self) -> None:
-        """The routing :meth:`take` began has ended; appends that came in meanwhile go to the
-        next claim (an idle destination is woken for it)."""
+    def done(self, *, backlog: bool = False) -> None:
+        """The routing :meth:`take` began has ended (``backlog``: it routed or claimed a full
+        batch, so more is waiting); appends that came in meanwhile go to the next claim (an idle
+        destination is woken for it)."""
         self._routing -= 1
+        self._backlog = backlog
         if self._unrouted:
             self._wake_idle()
+
+    def hold(self) -> float:
+        """Seconds a destination about to route the waiting appends should wait first (0 or less:
+        none): the rest of ``linger`` after the last routing began, unless that one found a
+        backlog. Appends committed meanwhile are routed by the same store round."""
+        if self._backlog:
+            return 0.0
+        return self._taken_at + self._linger - time.monotonic()
 
     @property
     def waits(self) -> bool:

@@ -177,7 +177,7 @@ class Relay:
         self._executor = ThreadPoolExecutor(max_workers=self.store.max_workers, thread_name_prefix="outrelay-store")
         self.workers: dict[str, DestinationWorker] = {}
         #: who routes new appends when the store routes and claims in one transaction
-        self.handoff = RoutingHandoff(self.workers_values, self._wake_router)
+        self.handoff = RoutingHandoff(self.workers_values, self._wake_router, linger=self.config.relay.linger)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = -1  # threading.get_ident() of the loop's thread, once running
         self._slow_calls: set[str] = set()  # inline_methods whose last call took over INLINE_SECONDS
