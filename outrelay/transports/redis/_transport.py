@@ -68,6 +68,7 @@ from outrelay.kit import (
 from outrelay.transports.redis._batch import HELD, XADD_SCRIPT, Entry, send_scripted, send_waves
 from outrelay.transports.redis._client import Client, connect, open_client
 from outrelay.transports.redis._config import RedisConfig
+from outrelay.transports.redis._direct import DirectScript
 from outrelay.transports.redis._errors import ERRORS, describe, map_redis_errors
 from outrelay.transports.redis._group import RedisGroup
 from outrelay.transports.redis._reader import RedisReader
@@ -154,10 +155,17 @@ class RedisTransport(LifecycleTransport[RedisConfig]):
         self.server_version = _version(info)
         self._idmp = self.cfg.dedupe == "auto" and self.server_version >= IDMP_VERSION
         self._client = client
-        self._script = client.register_script(XADD_SCRIPT) if self.cfg.batching == "script" else None
+        if self.cfg.batching != "script":
+            self._script = None
+        elif isinstance(client, RedisCluster):  # send_slotted routes each slot's EVALSHA by the script's sha
+            self._script = client.register_script(XADD_SCRIPT)
+        else:  # standalone: EVALSHA on connections of its own (see _direct)
+            self._script = DirectScript(client, XADD_SCRIPT)
 
     async def _close(self) -> None:
         client, self._client = self._client, None
+        if isinstance(self._script, DirectScript):
+            await self._script.close()
         if client is not None:
             with contextlib.suppress(Exception):  # closing: nothing useful to report to the caller
                 await client.aclose()
