@@ -1,6 +1,6 @@
 """Commit -> broker latency with the relay in its own process, and its idle CPU.
 
-    .venv/bin/python benchmarks/bench_latency.py [--rate 1000] [--seconds 10] [--idle 30]
+    .venv/bin/python benchmarks/bench_latency.py [--rate 1000] [--seconds 10] [--idle 30] [--linger 0.004]
     .venv/bin/python benchmarks/bench_latency.py --outbox postgresql://127.0.0.1/test --rate 0
 
 An ``outrelay run`` subprocess relays from the outbox (a fresh SQLite file, or
@@ -63,6 +63,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--idle", type=float, default=30.0, help="seconds of idle relay CPU measurement (0: skip)")
     ap.add_argument("--outbox", default="", help="postgresql://... (default: a fresh SQLite file)")
+    ap.add_argument("--linger", type=float, default=None, help="the relay's relay.linger in seconds (default: its own)")
     args = ap.parse_args()
 
     key = f"outrelay-bench:latency:{uuid.uuid4().hex[:8]}"
@@ -72,8 +73,10 @@ def main() -> None:
         url = args.outbox + ("&" if "?" in args.outbox else "?") + f"schema={schema}" if args.outbox else ""
         url = url or f"sqlite:///{tmp}/outbox.db"
         cfg = Path(tmp, "outrelay.toml")
+        relay = "" if args.linger is None else f"[relay]\nlinger = {args.linger}\n"
         cfg.write_text(
-            f'[outbox]\nurl = "{url}"\n[destinations.r]\ntransport = "redis"\nurl = "{REDIS_URL}"\nstream = "{key}"\n'
+            f'[outbox]\nurl = "{url}"\n{relay}[destinations.r]\ntransport = "redis"\nurl = "{REDIS_URL}"\n'
+            f'stream = "{key}"\n'
         )
         outbox = Outbox.open(url)
         proc = subprocess.Popen(

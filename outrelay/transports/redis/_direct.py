@@ -2,9 +2,9 @@
 
 redis-py's ``Script.__call__`` goes through ``execute_command``: the pool's lock, a
 readiness probe of the socket (a system call), the retry wrapper and its
-bookkeeping, per call. At a trickle that is most of a send's client CPU: about
-480 µs per call on the development VM against 250-290 µs for the same
-``EVALSHA`` written and read on a connection kept aside (``benchmarks/README.md``).
+bookkeeping, per call. A one-event send of the transport took 529,000 instructions
+that way and 409,000 with the same ``EVALSHA`` written and read on a connection
+kept aside (callgrind, 300 sends at a trickle; ``benchmarks/README.md``).
 :class:`DirectScript` keeps the connections it used (one per concurrent call,
 taken from the client's pool once) and writes and reads on them directly.
 
