@@ -5,8 +5,8 @@ next destination to claim route the appends waiting for it: one hop less between
 commit and the send than the router's own round. :class:`RoutingHandoff` keeps the
 bookkeeping of that hand-off for one relay: appends are waiting (``appended``), one
 routing at a time (``take`` / ``done``), an idle destination woken to route them, and,
-should none claim within ``delay`` seconds (every destination paused, or stuck on a
-slow send), the router woken to route them itself.
+should none claim within ``delay`` seconds (plus ``linger``, below; every destination
+paused, or stuck on a slow send), the router woken to route them itself.
 
 Under steady load (a routing began less than ``linger`` seconds ago and did not find a
 backlog) the next routing waits for the rest of ``linger`` (:meth:`RoutingHandoff.hold`),
@@ -63,7 +63,8 @@ class RoutingHandoff:
         self._unrouted = True
         self._wake_idle()
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._delay, self._expired)
+            # after a destination's linger (hold) too: the router must not route what a holding claim waits for
+            self._timer = asyncio.get_running_loop().call_later(self._delay + self._linger, self._expired)
 
     def take(self, *, router: bool = False) -> bool:
         """For a destination about to claim: True when it should route first (appends are waiting);
