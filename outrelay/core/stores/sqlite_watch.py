@@ -252,9 +252,7 @@ class CommitWatcher:
         if not wrote and self._pending_since is None:
             return None
         self._unseen = self._unseen or wrote
-        if self._shm is None:
-            self._shm = _open_shm(self._path)
-        writing = _foreign_writer(self._shm)  # first: a lock free now means every write seen is done
+        writing = self._foreign_writer()  # first: a lock free now means every write seen is done
         seen = self._look()
         now = self._checked = time.monotonic()
         if seen != "same":
@@ -268,6 +266,13 @@ class CommitWatcher:
             self._unseen = False  # a write of this process that never committed (rolled back)
         waited = now - self._pending_since
         return FAST_STEP if waited < HOT_WINDOW else SLOW_STEP if waited < 1.0 else _LONG_STEP
+
+    def _foreign_writer(self) -> bool:
+        """:func:`_foreign_writer` on the ``-shm`` file, opened first where it was missing (not in WAL
+        mode yet when the watch began)."""
+        if self._shm is None:
+            self._shm = _open_shm(self._path)
+        return _foreign_writer(self._shm)
 
     def owns_thread(self) -> bool:
         """Whether the caller runs in the loop the watch runs in."""
@@ -298,9 +303,7 @@ class CommitWatcher:
             # first: the watcher's own baseline, which this commit moved (a later check would take that
             # move for another writer's); a foreign commit after this read is still seen by the next check
             mine = data_version(self._db)
-            if self._shm is None:
-                self._shm = _open_shm(self._path)
-            if _foreign_writer(self._shm) or data_version(db) != version_before:
+            if self._foreign_writer() or data_version(db) != version_before:
                 self._force()
             elif not (self._forced or self._timer is not None or self._pending_since is not None):
                 self._version = mine  # else a round is due: it checks against the old baseline, MAX(seq) included
