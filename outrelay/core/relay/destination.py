@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -72,8 +73,8 @@ class WorkerHost(Protocol):
         """New appends may be waiting: route them."""
         ...
 
-    def routed(self, count: int, started: float) -> None:
-        """``count`` events were routed by a destination's claim (report them, wake the others)."""
+    def routed(self, count: int, started: float, *, by: DestinationWorker | None = None) -> None:
+        """``count`` events were routed by a destination's claim (``by``; report them, wake the others)."""
         ...
 
 
@@ -108,6 +109,7 @@ class DestinationWorker:
         self.wake = asyncio.Event()
         #: waiting for work (a claim found nothing): the relay wakes it to route new appends
         self.idle = False
+        self._idle_until = 0.0  # when that wait ends by itself (time.time())
         self.inflight: set[asyncio.Task[None]] = set()
         #: the progress of every send in flight (:meth:`stop_sending` tells them to start nothing new)
         self.sending: set[Progress] = set()
@@ -281,7 +283,7 @@ class DestinationWorker:
             raise
         finally:
             relay.handoff.done(backlog=routed >= relay.config.relay.route_batch or len(claimed) >= claim["limit"])
-        relay.routed(routed, now)
+        relay.routed(routed, now, by=self)  # it claimed after routing: it needs no wake-up for them
         return claimed
 
     async def _open(self) -> None:
@@ -333,6 +335,7 @@ class DestinationWorker:
         if self.relay.handoff.waits:  # appends came in meanwhile: the next claim routes them
             return
         self.idle = True
+        self._idle_until = time.time() + timeout
         try:
             await self._sleep(timeout)
         finally:
@@ -427,7 +430,20 @@ class DestinationWorker:
                 self.breaker.probe_ended()
             self.relay.budget.free(size)
             self.slots.release()
-            self.wake.set()
+            if not (settled and self._nothing_new()):
+                self.wake.set()
+
+    def _nothing_new(self) -> bool:
+        """After a settled batch: whether the worker may sleep on, unwoken. True when it waits for work
+        and the store knows nothing of this destination is due before that wait ends anyway (the batch
+        emptied its lanes: a relay at a trickle, where waking it cost a loop round per batch to find
+        nothing); never with a breaker (a probe's end must claim at once). A settle that keeps a lane
+        pending lowers what the store knows (:meth:`~outrelay.core.stores.base.Store.quiet_until`), and
+        a store that knows nothing answers 0.0: the worker is woken as before."""
+        if not self.idle or self.breaker is not None:
+            return False
+        # at any age: the wait's end was set from what the store knew then (trusted for a poll interval)
+        return self.relay.store.quiet_until(self.name, math.inf) >= self._idle_until
 
     async def _attempt(
         self, messages: list[Message], failed: list[SendResult] | None, progress: Progress

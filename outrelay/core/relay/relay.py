@@ -257,15 +257,17 @@ class Relay:
         """The destinations' workers (for the hand-off's wake-ups)."""
         return self.workers.values()
 
-    def routed(self, count: int, started: float) -> None:
-        """``count`` events were routed (by the router or by a destination's claim): report them and
-        wake the destinations; a full batch (``route_batch``) may have left more for the router."""
+    def routed(self, count: int, started: float, *, by: DestinationWorker | None = None) -> None:
+        """``count`` events were routed (by the router, or by the claim of destination ``by``): report
+        them and wake the destinations (but ``by``, whose claim in the same transaction saw them); a
+        full batch (``route_batch``) may have left more for the router."""
         if not count:
             return
         self.hook.outrelay_routed(count=count, started=started, finished=time.time())
         self.unrouted_report.note()
         for w in self.workers.values():
-            w.wake.set()
+            if w is not by:
+                w.wake.set()
         if count >= self.config.relay.route_batch and self._route_wake is not None:
             self._route_wake.set()
 

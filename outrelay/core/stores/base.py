@@ -311,8 +311,12 @@ class RelayStore(ABC):
         asking the database; 0.0 when it does not know (the default). Called
         from the event loop: it must not block. Knowledge older than ``ttl``
         seconds is not trusted (work other processes make due is not always
-        announced). A relay still claims at once when woken by new appends,
-        routing or a settled batch; the store forgets what it knew on those."""
+        announced). A relay still claims at once when woken by new appends or
+        routing; the store forgets what it knew on those. A settled batch wakes a
+        waiting relay only when it lowered this below the wait's end (a settle that
+        keeps a lane pending must lower it, else the relay sleeps past it), or when
+        the store does not know (``math.inf`` as ``ttl`` asks for the knowledge at
+        any age)."""
         return 0.0
 
     def leased_elsewhere(self, destination: str, owner: str, now: float) -> float | None:

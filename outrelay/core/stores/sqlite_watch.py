@@ -320,9 +320,13 @@ class CommitWatcher:
 
     def _readable(self) -> None:
         """The loop saw a write: one round now, or after the rest of ``FAST_STEP`` (the inotify fd is
-        not watched meanwhile: its events queue up and are read by the round)."""
+        not watched meanwhile: its events queue up and are read by the round) — after all of it when
+        another process holds the WAL write lock: its commit is not visible yet (an appender's fsync
+        comes between its write and its commit), so a round now would only find that out."""
         assert self._loop is not None
         rest = self._rest()
+        if rest <= 0 and self._foreign_writer():
+            rest = FAST_STEP
         if rest > 0:
             self._unwatch()
             self._timer = self._loop.call_later(rest, self._loop_round)

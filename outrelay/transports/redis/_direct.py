@@ -6,7 +6,9 @@ bookkeeping, per call. A one-event send of the transport took 529,000 instructio
 that way and 409,000 with the same ``EVALSHA`` written and read on a connection
 kept aside (callgrind, 300 sends at a trickle; ``benchmarks/README.md``).
 :class:`DirectScript` keeps the connections it used (one per concurrent call,
-taken from the client's pool once) and writes and reads on them directly.
+taken from the client's pool once) and writes and reads on them directly: the
+write also skips redis-py's ``wait_for`` under ``socket_timeout`` (a task, a
+timer and an event-loop round per call); the read keeps its timeout.
 
 What the pool's probe did is kept where it matters: a connection idle for more
 than :data:`PROBE_AFTER` seconds is probed before use (the server may have
@@ -28,6 +30,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 __all__ = ["PROBE_AFTER", "DirectScript"]
@@ -68,7 +71,18 @@ class DirectScript:
                 await self._drop(conn)
 
     async def _call(self, conn: AbstractConnection, keys: list[Any], args: list[Any]) -> Any:
-        await conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args, check_health=False)
+        packed = conn.pack_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        write = getattr(conn, "_send_packed_command", None)
+        if write is None or not conn.is_connected:  # connects first (or a redis-py without the method)
+            await conn.send_packed_command(packed, check_health=False)
+        else:
+            # the write without redis-py's ``wait_for(..., socket_timeout)``: a task, a timer and a loop
+            # round per call; writing never blocks here (only ``drain`` under back-pressure, which the
+            # relay's attempt_timeout bounds), and a failed write drops the connection (see __call__)
+            try:
+                await write(packed)
+            except OSError as exc:
+                raise RedisConnectionError(f"Error while writing to the socket: {exc}") from exc
         return await conn.read_response()
 
     async def _take(self) -> AbstractConnection:
