@@ -8,14 +8,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from outrelay import Event
 from outrelay.core.model.errors import StoreError
-from outrelay.core.stores.base import Settlement
+from outrelay.core.stores.base import InlineRefused, Settlement
 from outrelay.core.stores.postgres import PostgresStore
 from outrelay.core.stores.postgres_script import _literal
-from tests.stores.conftest import pg_url
+from tests.stores.conftest import pg_admin_url, pg_url
 
 CLAIM = {"limit": 100, "per_lane": 100, "owner": "r1", "lease_seconds": 30.0}
 
@@ -192,3 +193,83 @@ class TestLiterals:
     def test_a_nul_is_refused_not_cut(self) -> None:
         """A string holding NUL is not quoted here (the query text would end at it): psycopg refuses it."""
         assert _literal("a\x00b") is None and _literal(["a\x00"]) is None
+
+
+class TestInlineCalls:
+    """``PostgresStore.call_inline``: the relay's hot-path calls in the caller's thread, on an idle pooled
+    connection; refused (nothing done) where it would wait, or where a failure would be retried."""
+
+    def test_runs_in_the_callers_thread_on_a_pooled_connection(self, store: PostgresStore) -> None:
+        store.append([ev("s", 0)])
+        store.next_due("a")  # a connection is open and idle in the pool now
+        seen: list[int] = []
+        real = store.route_and_claim
+
+        def call() -> tuple[int, list[Any]]:
+            seen.append(threading.get_ident())
+            return real(Both(), 100, "a", **CLAIM, now=time.time())
+
+        routed, claimed = store.call_inline(call)
+        assert seen == [threading.get_ident()]
+        assert routed == 1 and [c.event.stream for c in claimed] == ["s"]
+        store.call_inline(lambda: store.settle("a", "r1", delivered(claimed), time.time()))
+        assert store.claim("a", **CLAIM, now=time.time() + 60) == []  # settled: nothing left to claim
+
+    def test_refused_when_every_connection_is_in_use(self, pg_schema: str) -> None:
+        s = PostgresStore(pg_url(pg_schema, pool_size="1"))
+        try:
+            s.append([ev("s", 0)])
+            taken, release = threading.Event(), threading.Event()
+
+            def hold() -> None:
+                with s._pool.connection():
+                    taken.set()
+                    release.wait(5)
+
+            t = threading.Thread(target=hold)
+            t.start()
+            assert taken.wait(5)
+            try:
+                with pytest.raises(InlineRefused, match="in use"):
+                    s.call_inline(lambda: s.route_and_claim(Both(), 100, "a", **CLAIM, now=time.time()))
+            finally:
+                release.set()
+                t.join(5)
+            assert s.unrouted() == 1  # the refused call did nothing
+            routed, claimed = s.route_and_claim(Both(), 100, "a", **CLAIM, now=time.time())
+            assert routed == 1 and len(claimed) == 1
+        finally:
+            s.close()
+
+    def test_refused_rather_than_connecting(self, pg_schema: str) -> None:
+        s = PostgresStore(pg_url(pg_schema, pool_size="2"))  # one connection open (the migration's)
+        taken, release = threading.Event(), threading.Event()
+
+        def hold() -> None:  # the open one, elsewhere: a free slot, no idle connection
+            with s._pool.connection():
+                taken.set()
+                release.wait(5)
+
+        t = threading.Thread(target=hold)
+        t.start()
+        try:
+            assert taken.wait(5)
+            with pytest.raises(InlineRefused, match="connecting would wait"):
+                s.call_inline(lambda: s.next_due("a"))
+            assert s.next_due("a") is None  # outside call_inline, the store connects
+        finally:
+            release.set()
+            t.join(5)
+            s.close()
+
+    def test_a_dropped_connection_is_refused_not_retried_inline(self, store: PostgresStore) -> None:
+        """A failure the store would retry (after a sleep, or a reconnect) goes back to its thread."""
+        store.append([ev("s", 0)])
+        store.next_due("a")
+        with psycopg.connect(pg_admin_url(), autocommit=True) as admin:
+            for pid in list(store._pool.pids):
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(InlineRefused):
+            store.call_inline(lambda: store.route_and_claim(Both(), 100, "a", **CLAIM, now=time.time()))
+        routed, claimed = store.route_and_claim(Both(), 100, "a", **CLAIM, now=time.time())
+        assert routed == 1 and len(claimed) == 1

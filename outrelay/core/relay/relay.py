@@ -62,9 +62,6 @@ T = TypeVar("T")
 
 #: seconds each shutdown step after the grace period may take before it is abandoned
 STOP_STEP = 1.0
-#: a store call that took longer runs in the store's thread next time (see Relay.db): the loop is
-#: never held longer than about this by one call, and a draining relay keeps overlapping calls and sends
-INLINE_SECONDS = 0.001
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,15 +177,16 @@ class Relay:
         self.handoff = RoutingHandoff(self.workers_values, self._wake_router, linger=self.config.relay.linger)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = -1  # threading.get_ident() of the loop's thread, once running
-        self._slow_calls: set[str] = set()  # inline_methods whose last call took over INLINE_SECONDS
+        self._slow_calls: set[str] = set()  # inline_methods whose last call took over the store's inline_seconds
         cfg = self.config.relay
         self.budget = ByteBudget(cfg.max_in_flight_bytes, cfg.max_batch_bytes)
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a store call in the store's thread(s) — or in this loop's thread, when ``fn`` is one of the
         store's :attr:`~outrelay.core.stores.base.RelayStore.inline_methods`, its last call took under
-        :data:`INLINE_SECONDS`, and the store can run it without waiting (a relay at a trickle: two
-        thread hand-offs fewer per call; a draining relay's longer calls keep overlapping its sends)."""
+        its :attr:`~outrelay.core.stores.base.RelayStore.inline_seconds`, and the store can run it
+        without waiting (a relay at a trickle: two thread hand-offs fewer per call; a draining relay's
+        longer calls keep overlapping its sends)."""
         call: Callable[[], T] = functools.partial(fn, *args, **kwargs)
         name = getattr(fn, "__name__", "")
         if name not in self.store.inline_methods or getattr(fn, "__self__", None) is not self.store:
@@ -200,7 +198,7 @@ class Relay:
             except InlineRefused:
                 pass
             else:
-                if time.perf_counter() - started > INLINE_SECONDS:
+                if time.perf_counter() - started > self.store.inline_seconds:
                     self._slow_calls.add(name)
                 return result
 
@@ -209,7 +207,7 @@ class Relay:
             try:
                 return call()
             finally:
-                if time.perf_counter() - started > INLINE_SECONDS:
+                if time.perf_counter() - started > self.store.inline_seconds:
                     self._slow_calls.add(name)
                 else:
                     self._slow_calls.discard(name)

@@ -229,6 +229,10 @@ class RelayStore(ABC):
     multi_relay: bool = False
     #: names of this store's methods a relay may run through :meth:`call_inline`
     inline_methods: frozenset[str] = frozenset()
+    #: seconds: a call of :attr:`inline_methods` that took longer runs in the store's thread next time
+    #: (until one there is quicker): the relay's loop is never held much longer by one call, and a
+    #: draining relay keeps overlapping its calls and sends
+    inline_seconds: float = 0.001
 
     def call_inline(self, call: Callable[[], T]) -> T:
         """Run ``call`` (one of :attr:`inline_methods`, bound and with its arguments) in the caller's

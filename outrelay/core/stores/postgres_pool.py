@@ -25,8 +25,13 @@ import psycopg
 from psycopg.types.json import set_json_loads
 
 from outrelay.core.model.errors import ConfigError, StoreError
+from outrelay.core.stores.base import InlineRefused
 
-__all__ = ["ConnectionPool", "Listener", "parse_url", "redact"]
+__all__ = ["ConnectionPool", "Listener", "inline", "parse_url", "redact"]
+
+#: ``.on``: this thread runs a call inline (``PostgresStore.call_inline``, the relay's event loop): a
+#: checkout then never waits, for a free slot or for a new connection, and refuses instead
+inline = threading.local()
 
 log = logging.getLogger("outrelay.store.postgres")
 
@@ -124,13 +129,22 @@ class ConnectionPool:
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection, for the ``with`` block; given back (or dropped if broken) after it.
+
+        :raises StoreError: the pool is closed, or a new connection cannot be made.
+        :raises InlineRefused: in a thread running a call :data:`inline`, where it would have
+            waited for a free slot or for a new connection."""
         if self.closed:
             raise StoreError(f"the PostgreSQL outbox {self._where} is closed")
-        self._slots.acquire()
+        wait = not getattr(inline, "on", False)
+        if not self._slots.acquire(blocking=wait):
+            raise InlineRefused("every connection of the pool is in use")
         try:
             try:
                 conn = self._idle.get_nowait()
             except queue.Empty:
+                if not wait:
+                    raise InlineRefused("no idle connection (connecting would wait)") from None
                 conn = connect(self._conninfo, self._where)
                 with self._lock:
                     self._all.add(conn)
