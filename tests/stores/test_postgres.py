@@ -4,6 +4,8 @@ NOTIFY wake-ups, schema/prefix options and migrations."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -224,6 +226,52 @@ class TestNotify:
         stop()
         assert not any(t.is_alive() for t in threads)
         stop()
+
+    async def test_listen_in_the_loop_hears_reconnects_and_stops(self, outbox: Outbox) -> None:
+        """With ``loop``, notifications are read by the event loop and the callback runs in its thread;
+        a LISTEN connection the server drops is made again; stop closes it at once."""
+        loop = asyncio.get_running_loop()
+        heard: list[tuple[str, int]] = []
+        got = asyncio.Event()
+
+        def cb(what: str) -> None:
+            heard.append((what, threading.get_ident()))
+            got.set()
+
+        async def until_heard() -> None:
+            deadline = time.monotonic() + 10
+            while not got.is_set() and time.monotonic() < deadline:  # an append before LISTEN is not seen
+                await asyncio.to_thread(outbox.append, ev())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(got.wait(), 0.2)
+            assert got.is_set()
+
+        def listeners() -> list[int]:
+            with psycopg.connect(pg_admin_url(), autocommit=True) as admin:
+                rows = admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
+                ).fetchall()
+            return [r[0] for r in rows]
+
+        before = set(listeners())
+        stop = outbox.store.listen(cb, loop=loop)  # type: ignore[call-arg]
+        try:
+            await until_heard()
+            assert heard[0] == ("appended", threading.get_ident())
+            assert not any(t.name == "outrelay-pg-listen" for t in threading.enumerate())
+            (mine,) = set(listeners()) - before
+            with psycopg.connect(pg_admin_url(), autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (mine,))
+            got.clear()
+            await until_heard()  # reconnected (after a backoff of 0.5 s at most)
+            assert set(listeners()) - before and mine not in listeners()
+        finally:
+            stop()
+        stop()
+        deadline = time.monotonic() + 5
+        while set(listeners()) - before and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not set(listeners()) - before
 
     def test_notify_false_does_not_listen(self, pg_schema: str) -> None:
         """With notify=false, appends send no notification and listen() is a no-op."""

@@ -31,6 +31,7 @@ Every database failure is raised as :class:`~outrelay.StoreError`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import random
@@ -50,7 +51,7 @@ from outrelay.core.stores.postgres_attempts import PostgresAttemptsMixin
 from outrelay.core.stores.postgres_audit import PostgresAuditMixin
 from outrelay.core.stores.postgres_history import HistoryMixin
 from outrelay.core.stores.postgres_ops import OperatorMixin
-from outrelay.core.stores.postgres_pool import ConnectionPool, Listener, parse_url, redact
+from outrelay.core.stores.postgres_pool import ConnectionPool, Listener, LoopListener, parse_url, redact
 from outrelay.core.stores.postgres_pool import inline as pool_inline
 from outrelay.core.stores.postgres_relay import RelayMixin
 from outrelay.core.stores.postgres_schema import Names, apply_migrations, check_version, current_version
@@ -97,7 +98,7 @@ class PostgresStore(
         self.n = Names(opts["schema"], opts["prefix"])
         self.notify: bool = opts["notify"]
         self.max_workers = opts["pool_size"]
-        self._listeners: list[Listener] = []
+        self._listeners: list[Listener | LoopListener] = []
         self._local: list[Callable[[str], None]] = []  # listen() callbacks, called by this process's routing
         self._claims_full: dict[str, bool] = {}
         self._init_script()
@@ -301,9 +302,17 @@ class PostgresStore(
                 raise map_append_error(exc, self.n, self.where) from None
             raise
 
-    def listen(self, callback: Callable[[str], None]) -> Callable[[], None]:
+    listens_in_loop = True
+
+    def listen(
+        self, callback: Callable[[str], None], loop: asyncio.AbstractEventLoop | None = None
+    ) -> Callable[[], None]:
         """Call ``callback("appended" | "routed")`` from a thread when another
         process commits an append or routes events; returns the stop function.
+        With ``loop`` (the caller's running event loop), the LISTEN connection is a
+        reader of that loop instead, and ``callback`` is called in the loop's thread
+        (no thread to wake and no hand-off per append); the stop function must then
+        be called in that thread too.
 
         A ``routed`` this store's own routing sent is not passed on from the
         server: :meth:`route` calls the callbacks itself as it commits (one
@@ -319,7 +328,11 @@ class PostgresStore(
                     self.forget_quiet()  # before the wake-up: the woken worker must claim
                 callback(payload)
 
-        listener = Listener(self._conninfo, self.n.channel, heard, self.where)
+        listener: Listener | LoopListener = (
+            Listener(self._conninfo, self.n.channel, heard, self.where)
+            if loop is None
+            else LoopListener(self._conninfo, self.n.channel, heard, self.where, loop)
+        )
         self._listeners.append(listener)
         self._local.append(callback)
 

@@ -1,5 +1,5 @@
 """Connections for the PostgreSQL outbox: URL options, a small pool, error
-mapping, and the LISTEN thread that wakes relays.
+mapping, and the LISTEN thread (or event-loop reader) that wakes relays.
 
 The URL is a libpq URI (``postgresql://user:pass@host:5432/db``) plus
 outrelay's own query parameters, which are removed before connecting:
@@ -10,6 +10,7 @@ appear in reprs or error messages (:func:`redact`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -27,7 +28,7 @@ from psycopg.types.json import set_json_loads
 from outrelay.core.model.errors import ConfigError, StoreError
 from outrelay.core.stores.base import InlineRefused
 
-__all__ = ["ConnectionPool", "Listener", "inline", "parse_url", "redact"]
+__all__ = ["ConnectionPool", "Listener", "LoopListener", "inline", "parse_url", "redact"]
 
 #: ``.on``: this thread runs a call inline (``PostgresStore.call_inline``, the relay's event loop): a
 #: checkout then never waits, for a free slot or for a new connection, and refuses instead
@@ -247,3 +248,98 @@ class Listener:
 
 #: seconds the LISTEN thread waits for notifications before checking its stop flag again
 _POLL = 0.5
+
+
+class LoopListener:
+    """:class:`Listener` in an event loop instead of a thread: the LISTEN connection's socket is a
+    reader of ``loop``, and ``callback(payload, pid)`` is called in the loop's thread as the
+    notifications arrive (no thread to wake, no hand-off to the loop per append). Connecting and
+    ``LISTEN`` run in the loop's default executor; a lost connection is made again with backoff
+    (polling covers the gaps). :meth:`stop` (in the loop's thread) ends it at once."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        channel: str,
+        callback: Callable[[str, int], None],
+        where: str,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._conninfo = conninfo
+        self._channel = channel
+        self._callback = callback
+        self._where = where
+        self._loop = loop
+        self._stopped = False
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lost: asyncio.Future[None] | None = None
+        self._connecting: asyncio.Future[psycopg.Connection[Any]] | None = None
+        self._task = loop.create_task(self._run())
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self._conninfo, autocommit=True)
+        try:
+            conn.execute(f'LISTEN "{self._channel}"')
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def _run(self) -> None:
+        delay = 0.5
+        while not self._stopped:
+            self._connecting = connecting = self._loop.run_in_executor(None, self._connect)
+            connecting.add_done_callback(self._close_unwanted)
+            try:
+                conn = await asyncio.shield(connecting)  # stop() cancels this wait, not the connect
+            except psycopg.Error as exc:
+                self._connecting = None
+                log.warning("LISTEN on %s failed: %s (polling meanwhile)", self._where, _first_line(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            delay = 0.5
+            self._conn, self._lost, self._connecting = conn, self._loop.create_future(), None
+            fd = conn.fileno()
+            self._loop.add_reader(fd, self._readable)
+            try:
+                await self._lost
+            finally:
+                if self._conn is conn:  # else stop() closed it
+                    self._loop.remove_reader(fd)
+                    self._conn = None
+                    conn.close()
+            log.warning("LISTEN connection to %s lost (reconnecting)", self._where)
+
+    def _readable(self) -> None:
+        conn, lost = self._conn, self._lost
+        if conn is None or lost is None or lost.done():
+            return
+        try:
+            conn.pgconn.consume_input()  # never blocks; fails when the server closed the connection
+            while (note := conn.pgconn.notifies()) is not None:
+                try:
+                    self._callback(note.extra.decode(), note.be_pid)
+                except Exception:  # a wake-up is a hint: never let it end the listener
+                    log.debug("LISTEN callback failed", exc_info=True)
+        except (psycopg.Error, OSError):
+            lost.set_result(None)
+
+    def _close_unwanted(self, connecting: asyncio.Future[psycopg.Connection[Any]]) -> None:
+        """A connection made for a listener stopped meanwhile is closed (as it comes, or at the stop)."""
+        if self._stopped and not connecting.cancelled() and connecting.exception() is None:
+            connecting.result().close()
+
+    def stop(self) -> None:
+        """Stop listening and close the connection (in the loop's thread; returns at once; idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._loop.remove_reader(conn.fileno())
+            conn.close()
+        if self._connecting is not None and self._connecting.done():  # made, not taken yet
+            self._close_unwanted(self._connecting)
+        if not self._loop.is_closed():
+            self._task.cancel()
