@@ -292,7 +292,7 @@ class LoopListener:
             connecting.add_done_callback(self._close_unwanted)
             try:
                 conn = await asyncio.shield(connecting)  # stop() cancels this wait, not the connect
-            except psycopg.Error as exc:
+            except (psycopg.Error, OSError) as exc:
                 self._connecting = None
                 log.warning("LISTEN on %s failed: %s (polling meanwhile)", self._where, _first_line(exc))
                 await asyncio.sleep(delay)
