@@ -86,6 +86,7 @@ class PostgresStore(
     """
 
     multi_relay = True
+    listens_in_loop = True  # see listen()
     #: the relay's hot path (see :meth:`call_inline`)
     inline_methods = frozenset({"route", "claim", "route_and_claim", "settle", "next_due"})
     #: a round trip with the server's work in it: a route and claim at a trickle takes about 1 ms on loopback
@@ -301,8 +302,6 @@ class PostgresStore(
             if isinstance(exc, psycopg.Error) or _is_db_error(exc):
                 raise map_append_error(exc, self.n, self.where) from None
             raise
-
-    listens_in_loop = True
 
     def listen(
         self, callback: Callable[[str], None], loop: asyncio.AbstractEventLoop | None = None
