@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal, TypeVar
 
 from outrelay.core.model.envelope import Event
@@ -55,6 +57,8 @@ __all__ = [
     "Settlement",
     "Snapshot",
     "Store",
+    "inline_call",
+    "running_inline",
 ]
 
 T = TypeVar("T")
@@ -217,6 +221,26 @@ class AppendStore(ABC):
 
 class InlineRefused(Exception):
     """:meth:`RelayStore.call_inline` would have had to wait; nothing was done."""
+
+
+_inline = threading.local()  # .on: this thread runs a RelayStore.call_inline
+
+
+@contextmanager
+def inline_call() -> Iterator[None]:
+    """For a store's :meth:`RelayStore.call_inline`: the calling thread runs an inline call for the
+    ``with`` block, so the store's waits (a locked database, a busy pool) raise :class:`InlineRefused`
+    instead (they ask :func:`running_inline`)."""
+    _inline.on = True
+    try:
+        yield
+    finally:
+        _inline.on = False
+
+
+def running_inline() -> bool:
+    """Whether the calling thread is inside :func:`inline_call` (it must not wait: refuse instead)."""
+    return bool(getattr(_inline, "on", False))
 
 
 class RelayStore(ABC):

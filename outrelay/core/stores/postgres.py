@@ -44,7 +44,7 @@ import psycopg.errors
 
 from outrelay.core.model.envelope import Event
 from outrelay.core.model.errors import StoreError
-from outrelay.core.stores.base import InlineRefused, Store
+from outrelay.core.stores.base import InlineRefused, Store, inline_call, running_inline
 from outrelay.core.stores.lanes import PostgresLanesMixin
 from outrelay.core.stores.postgres_append import append_async, append_sync, map_append_error
 from outrelay.core.stores.postgres_attempts import PostgresAttemptsMixin
@@ -52,7 +52,6 @@ from outrelay.core.stores.postgres_audit import PostgresAuditMixin
 from outrelay.core.stores.postgres_history import HistoryMixin
 from outrelay.core.stores.postgres_ops import OperatorMixin
 from outrelay.core.stores.postgres_pool import ConnectionPool, Listener, LoopListener, parse_url, redact
-from outrelay.core.stores.postgres_pool import inline as pool_inline
 from outrelay.core.stores.postgres_relay import RelayMixin
 from outrelay.core.stores.postgres_schema import Names, apply_migrations, check_version, current_version
 from outrelay.core.stores.postgres_schema import migration_sql as _migration_sql
@@ -149,11 +148,8 @@ class PostgresStore(
         A deadlock, a serialization failure or a dropped connection is not retried here (the
         retries sleep): it raises :class:`InlineRefused` and the store's thread runs the call again,
         as :meth:`_run` would (each of these calls is idempotent under retry)."""
-        pool_inline.on = True
-        try:
+        with inline_call():
             return call()
-        finally:
-            pool_inline.on = False
 
     def _run(
         self,
@@ -198,18 +194,17 @@ class PostgresStore(
             attempt += 1
             try:
                 return self._once(fn, relaxed, first, finish, single, script)
-            except (*_TRANSIENT, psycopg.OperationalError) as exc:
-                if getattr(pool_inline, "on", False):  # the store's thread retries it (see call_inline)
+            except psycopg.OperationalError as exc:  # _TRANSIENT's errors among them
+                if running_inline():  # the store's thread retries it (see call_inline)
                     raise InlineRefused(f"PostgreSQL outbox {self.where}: {_line(exc)}") from None
-                if not isinstance(exc, _TRANSIENT):
-                    if not (reconnect and attempt == 1):
-                        raise StoreError(f"PostgreSQL outbox {self.where}: {_line(exc)}") from None
-                    continue
-                if attempt >= 8:
-                    raise StoreError(
-                        f"PostgreSQL outbox {self.where}: {_line(exc)} (gave up after {attempt} tries)"
-                    ) from None
-                time.sleep(random.uniform(0.001, 0.01 * attempt))
+                if isinstance(exc, _TRANSIENT):
+                    if attempt >= 8:
+                        raise StoreError(
+                            f"PostgreSQL outbox {self.where}: {_line(exc)} (gave up after {attempt} tries)"
+                        ) from None
+                    time.sleep(random.uniform(0.001, 0.01 * attempt))
+                elif not (reconnect and attempt == 1):
+                    raise StoreError(f"PostgreSQL outbox {self.where}: {_line(exc)}") from None
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL outbox {self.where}: {_line(exc)}") from None
 

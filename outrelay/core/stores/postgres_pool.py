@@ -26,13 +26,9 @@ import psycopg
 from psycopg.types.json import set_json_loads
 
 from outrelay.core.model.errors import ConfigError, StoreError
-from outrelay.core.stores.base import InlineRefused
+from outrelay.core.stores.base import InlineRefused, running_inline
 
-__all__ = ["ConnectionPool", "Listener", "LoopListener", "inline", "parse_url", "redact"]
-
-#: ``.on``: this thread runs a call inline (``PostgresStore.call_inline``, the relay's event loop): a
-#: checkout then never waits, for a free slot or for a new connection, and refuses instead
-inline = threading.local()
+__all__ = ["ConnectionPool", "Listener", "LoopListener", "parse_url", "redact"]
 
 log = logging.getLogger("outrelay.store.postgres")
 
@@ -133,11 +129,12 @@ class ConnectionPool:
         """A connection, for the ``with`` block; given back (or dropped if broken) after it.
 
         :raises StoreError: the pool is closed, or a new connection cannot be made.
-        :raises InlineRefused: in a thread running a call :data:`inline`, where it would have
-            waited for a free slot or for a new connection."""
+        :raises InlineRefused: in a thread running an inline call (``PostgresStore.call_inline``: see
+            :func:`~outrelay.core.stores.base.running_inline`), where it would have waited for a free
+            slot or for a new connection."""
         if self.closed:
             raise StoreError(f"the PostgreSQL outbox {self._where} is closed")
-        wait = not getattr(inline, "on", False)
+        wait = not running_inline()
         if not self._slots.acquire(blocking=wait):
             raise InlineRefused("every connection of the pool is in use")
         try:

@@ -24,7 +24,7 @@ import orjson
 
 from outrelay.core.model.envelope import Event
 from outrelay.core.model.errors import EventError, StoreError, StoreLockedError
-from outrelay.core.stores.base import Attempt, Claimed, InlineRefused, Settlement, Store
+from outrelay.core.stores.base import Attempt, Claimed, InlineRefused, Settlement, Store, inline_call, running_inline
 from outrelay.core.stores.lanes import SQLiteLanesMixin
 from outrelay.core.stores.sqlite_attempts import SQLiteAttemptsMixin
 from outrelay.core.stores.sqlite_audit import SQLiteAuditMixin
@@ -71,7 +71,7 @@ def _busy(db: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> sqlite3
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) and "busy" not in str(exc):
                 raise
-            if getattr(_inline, "on", False):  # in the relay's loop (SQLiteStore.call_inline): never wait there
+            if running_inline():  # in the relay's loop (SQLiteStore.call_inline): never wait there
                 raise InlineRefused(f"the database is locked ({sql.split()[0]})") from exc
             now = time.monotonic()
             if not deadline:
@@ -94,7 +94,6 @@ _NEXT_DUE_LANE = (
 
 _BUSY_FIRST = 0.0001  # seconds between tries of a locked database at first
 _BUSY_EAGER = 0.01  # seconds of tries every _BUSY_FIRST before backing off
-_inline = threading.local()  # .on: this thread runs a SQLiteStore.call_inline (a busy database refuses it)
 T = TypeVar("T")
 
 
@@ -187,10 +186,9 @@ class SQLiteStore(
         if not self._lock.acquire(blocking=False):
             raise InlineRefused("the store's connection is in use")
         try:
-            _inline.on = True
-            return call()
+            with inline_call():
+                return call()
         finally:
-            _inline.on = False
             self._lock.release()
 
     def _q(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
