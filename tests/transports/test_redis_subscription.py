@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import itertools
 import random
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -346,6 +348,27 @@ class TestBoth:
         for m in got:
             await m.ack()
         assert await b.receive(1, 0.1) == []
+
+    @pytest.mark.parametrize(("group", "prefetch"), [("g", 100), ("g", 1), (None, 100)])
+    async def test_a_receive_in_flight_at_stop_returns_nothing_and_leaves_no_connection(
+        self, transport: RedisTransport, group: str | None, prefetch: int
+    ) -> None:
+        """stop() while a receive blocks (XREAD BLOCK, or a full member's pause): the receive returns nothing
+        instead of the closed connection's error, and opens no connection that outlives the member."""
+        b = sub(transport, group=group, prefetch=prefetch)
+        await b.start()
+        if prefetch == 1:  # one held, unacked: the next receive pauses (nothing may be read) and then claims
+            await publish(transport, events(2, 1))
+            assert len(await b.receive(1, 2)) == 1
+        pending = asyncio.create_task(b.receive(5, 1.0))
+        await asyncio.sleep(0.2)
+        await b.stop()
+        assert await pending == []
+        del b, pending
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gc.collect()
+        assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
 
     @pytest.mark.parametrize("group", ["g", None])
     async def test_unreachable_broker_at_start_is_retryable(self, group: str | None) -> None:

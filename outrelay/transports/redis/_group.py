@@ -125,10 +125,12 @@ class RedisGroup(RedisSubscriber):
             return []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
-        with self._errors(f"XREADGROUP {self.group!r}"):
-            while True:
+        async with self._receiving(client, f"XREADGROUP {self.group!r}"):
+            while self._client is client:  # until stop() (which hands over what this member holds)
                 if not self._ready:
                     await self._fill(client, max_messages)
+                if self._client is not client:  # stopped meanwhile: entries it read are claimed by others
+                    break
                 if self._ready:
                     out, self._ready = self._ready[:max_messages], self._ready[max_messages:]
                     return out
@@ -136,6 +138,7 @@ class RedisGroup(RedisSubscriber):
                 if left <= 0:
                     return []
                 await self._wait(client, left)
+        return []
 
     async def _fill(self, client: Any, max_messages: int) -> None:
         """Read new entries, claim idle ones, and release what the gate lets through."""

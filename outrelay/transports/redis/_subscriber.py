@@ -57,9 +57,11 @@ reason; in a group it must still be acked.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
-from outrelay.kit import Inbound, SubscriptionBackend, SubscriptionSpec, UsageError
+from outrelay.kit import Inbound, SubscriptionBackend, SubscriptionSpec, TransportError, UsageError
 from outrelay.transports.redis._client import Client, open_client
 from outrelay.transports.redis._config import RedisConfig
 from outrelay.transports.redis._errors import map_redis_errors
@@ -101,6 +103,23 @@ class RedisSubscriber(SubscriptionBackend):
     def _errors(self, what: str) -> Any:
         return map_redis_errors(f"{what} on {self.key!r} at {self.cfg.url}", self.destination)
 
+    @contextlib.asynccontextmanager
+    async def _receiving(self, client: Client, what: str) -> AsyncIterator[None]:
+        """Around a receive on ``client``: its errors mapped (:meth:`_errors`), unless :meth:`stop` ran
+        meanwhile: then the error (the closed connection's) is swallowed — the caller then returns nothing,
+        as a receive after stop does — and the client is closed again, since a command the receive started
+        after stop would have opened a new connection that nobody else closes."""
+        try:
+            with self._errors(what):
+                yield
+        except TransportError:
+            if self._client is client:
+                raise
+        finally:
+            if self._client is not client:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+
     def _live(self) -> Client | None:
         """The client; None once stopped. :raises UsageError: before ``start``."""
         if self._client is None and not self._stopped:
@@ -136,8 +155,9 @@ class RedisFanout(RedisSubscriber):
         if client is None or max_messages <= 0:
             return []
         block = None if timeout <= 0 else max(1, int(min(timeout, self._max_block) * 1000))
-        with self._errors("XREAD"):
-            reply: Any = await client.xread({self.key: self._last}, count=max_messages, block=block)
+        reply: Any = None
+        async with self._receiving(client, "XREAD"):
+            reply = await client.xread({self.key: self._last}, count=max_messages, block=block)
         out: list[Inbound] = []
         for _key, entries in reply or ():
             for raw_id, fields in entries:
