@@ -111,7 +111,12 @@ class Floor:
     def version(self) -> int:
         return int(self.db.execute("PRAGMA data_version").fetchone()[0])
 
-    def rows(self) -> list[tuple[int, bytes]]:
+    def ready(self) -> list[tuple[int, bytes]] | None:
+        """After a notice: the rows after the last one relayed, or None while another process holds
+        the WAL write lock (its commit is not visible yet: look again in ``RECHECK``)."""
+        self.drain()
+        if self.writing():
+            return None
         return self.db.execute("SELECT seq, data FROM outbox WHERE seq > ?", (self.last,)).fetchall()
 
     def commands(self, rows: list[tuple[int, bytes]]) -> bytes:
@@ -135,13 +140,9 @@ def run_sync(floor: Floor, host: str, port: int, want: int, until: float) -> Non
     while floor.done < want and time.monotonic() < until:
         if not look:
             select.select([floor.fd], [], [], 1.0)
-        floor.drain()
-        if floor.writing():  # the commit is not visible yet
+        rows = floor.ready()
+        if look := rows is None:
             time.sleep(RECHECK)
-            look = True
-            continue
-        look = False
-        rows = floor.rows()
         if not rows:
             continue
         sock.sendall(floor.commands(rows))
@@ -172,13 +173,9 @@ async def run_async(floor: Floor, host: str, port: int, want: int, until: float)
                 except TimeoutError:
                     pass
             notice.clear()
-            if floor.writing():  # the commit is not visible yet
+            rows = floor.ready()
+            if look := rows is None:
                 await asyncio.sleep(RECHECK)
-                floor.drain()
-                look = True
-                continue
-            look = False
-            rows = floor.rows()
             if not rows:
                 continue
             writer.write(floor.commands(rows))
