@@ -1,6 +1,7 @@
 """The least CPU a relay can spend per event at a trickle on this machine: a minimal SQLite -> Redis relay.
 
     .venv/bin/python benchmarks/bench_trickle_floor.py [--rates 100,1000] [--seconds 15] [--modes sync,asyncio,uvloop]
+        [--outbox postgresql://127.0.0.1/test]
 
 A child process appends one 256-byte row per transaction at ``rate`` rows a second to a
 fresh WAL-mode SQLite file (``synchronous=FULL``, as ``Outbox.append`` commits), like
@@ -19,6 +20,12 @@ doing only what any relay must:
   bookkeeping commits), and read the notices of that commit's own writes right
   after it, so that they cost no round (unless another writer holds the lock
   then, or committed meanwhile: ``PRAGMA data_version``).
+
+With ``--outbox postgresql://...`` the rows go to a fresh table of that database, each
+append ``INSERT`` + ``NOTIFY`` in one transaction; the relay ``LISTEN``s on a
+connection of its own (its socket is what the relay waits on; the notice comes
+after the commit, so it looks at once), and runs the ``SELECT`` and the
+``DELETE`` on a second connection, blocking, as outrelay's inline calls do.
 
 No routing, leases, lanes, ordering across restarts, retries, envelope, metrics or
 logging: everything outrelay does beyond this costs more. Modes: ``sync`` (blocking
@@ -77,7 +84,7 @@ def resp(*args: bytes) -> bytes:
 
 
 class Floor:
-    """The relay's state and its steps (shared by the modes)."""
+    """The relay's state and its steps on a SQLite outbox (shared by the modes)."""
 
     def __init__(self, path: str, key: bytes) -> None:
         self.db = sqlite3.connect(path, isolation_level=None)
@@ -122,6 +129,11 @@ class Floor:
     def commands(self, rows: list[tuple[int, bytes]]) -> bytes:
         return b"".join(resp(b"XADD", self.key, b"*", b"data", data) for _, data in rows)
 
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.shm)
+        self.db.close()
+
     def settle(self, rows: list[tuple[int, bytes]]) -> bool:
         """Delete the relayed rows; True when the notices read after the commit may be another writer's."""
         self.last = rows[-1][0]
@@ -133,7 +145,61 @@ class Floor:
         return self.drain() and (self.writing() or self.version() != before)
 
 
-def run_sync(floor: Floor, host: str, port: int, want: int, until: float) -> None:
+PG_APPENDER = """
+import sys, time, psycopg
+conn = psycopg.connect(sys.argv[1])
+table, n, rate = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+start = time.monotonic()
+for i in range(n):
+    wait = start + i / rate - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
+    with conn.transaction():
+        conn.execute(f"INSERT INTO {table}(data) VALUES (%s)", (b"x" * 256,))
+        conn.execute(f"NOTIFY {table}")
+"""
+
+
+class PostgresFloor:
+    """The same steps on a PostgreSQL table: ``LISTEN`` on one connection, ``SELECT`` and ``DELETE`` on another."""
+
+    def __init__(self, url: str, table: str, key: bytes) -> None:
+        import psycopg  # only for --outbox postgresql://...
+
+        self.db = psycopg.connect(url, autocommit=True)
+        self.listener = psycopg.connect(url, autocommit=True)
+        self.listener.execute(f"LISTEN {table}")
+        self.table, self.key = table, key
+        self.fd = self.listener.pgconn.socket
+        self.last = 0
+        self.done = 0
+
+    def drain(self) -> bool:
+        """Read the notices that arrived (``NOTIFY`` comes after its commit)."""
+        pgconn, seen = self.listener.pgconn, False
+        pgconn.consume_input()
+        while pgconn.notifies() is not None:
+            seen = True
+        return seen
+
+    def ready(self) -> list[tuple[int, bytes]] | None:
+        self.drain()
+        return self.db.execute(f"SELECT seq, data FROM {self.table} WHERE seq > %s", (self.last,)).fetchall()
+
+    commands = Floor.commands
+
+    def settle(self, rows: list[tuple[int, bytes]]) -> bool:
+        self.last = rows[-1][0]
+        self.db.execute(f"DELETE FROM {self.table} WHERE seq <= %s", (self.last,))
+        self.done += len(rows)
+        return False  # a notice that came meanwhile waits on the socket
+
+    def close(self) -> None:
+        self.listener.close()
+        self.db.close()
+
+
+def run_sync(floor: Floor | PostgresFloor, host: str, port: int, want: int, until: float) -> None:
     sock = socket.create_connection((host, port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     look = False  # a look is due without a notice
@@ -153,7 +219,7 @@ def run_sync(floor: Floor, host: str, port: int, want: int, until: float) -> Non
     sock.close()
 
 
-async def run_async(floor: Floor, host: str, port: int, want: int, until: float) -> None:
+async def run_async(floor: Floor | PostgresFloor, host: str, port: int, want: int, until: float) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     loop = asyncio.get_running_loop()
     notice = asyncio.Event()
@@ -187,19 +253,27 @@ async def run_async(floor: Floor, host: str, port: int, want: int, until: float)
         writer.close()
 
 
-def measure(mode: str, rate: float, seconds: float) -> str:
+def measure(mode: str, rate: float, seconds: float, outbox: str | None) -> str:
     url = urlsplit(REDIS_URL)
     host, port = url.hostname or "127.0.0.1", url.port or 6379
     want = int(rate * seconds)
-    key = f"outrelay-bench:floor:{uuid.uuid4().hex[:10]}".encode()
+    tag = uuid.uuid4().hex[:10]
+    key = f"outrelay-bench:floor:{tag}".encode()
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "outbox.db")
-        db = sqlite3.connect(path, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("CREATE TABLE outbox(seq INTEGER PRIMARY KEY AUTOINCREMENT, data BLOB NOT NULL)")
-        db.close()
-        floor = Floor(path, key)
-        appender = subprocess.Popen([sys.executable, "-c", APPENDER, path, str(want), str(rate)])
+        floor: Floor | PostgresFloor
+        if outbox is None:
+            path = os.path.join(d, "outbox.db")
+            db = sqlite3.connect(path, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("CREATE TABLE outbox(seq INTEGER PRIMARY KEY AUTOINCREMENT, data BLOB NOT NULL)")
+            db.close()
+            floor = Floor(path, key)
+            appender = subprocess.Popen([sys.executable, "-c", APPENDER, path, str(want), str(rate)])
+        else:
+            table = f"outrelay_floor_{tag}"
+            floor = PostgresFloor(outbox, table, key)
+            floor.db.execute(f"CREATE TABLE {table}(seq BIGSERIAL PRIMARY KEY, data BYTEA NOT NULL)")
+            appender = subprocess.Popen([sys.executable, "-c", PG_APPENDER, outbox, table, str(want), str(rate)])
         cpu, started = time.process_time(), time.monotonic()
         until = started + seconds + 15
         try:
@@ -215,16 +289,17 @@ def measure(mode: str, rate: float, seconds: float) -> str:
         finally:
             cpu, busy = time.process_time() - cpu, time.monotonic() - started
             appender.wait(timeout=30)
-            os.close(floor.fd)
-            os.close(floor.shm)
-            floor.db.close()
+            if isinstance(floor, PostgresFloor):
+                floor.db.execute(f"DROP TABLE {floor.table}")
+            floor.close()
     with socket.create_connection((host, port)) as sock:
         sock.sendall(resp(b"DEL", key))
         sock.recv(100)
+    kind = "sqlite" if outbox is None else "postgresql"
     if floor.done < want:
-        return f"{mode} at {rate:.0f} ev/s: only {floor.done} of {want} relayed in time"
+        return f"{kind} {mode} at {rate:.0f} ev/s: only {floor.done} of {want} relayed in time"
     return (
-        f"{mode:>7} at {rate:>5.0f} ev/s: {floor.done} events, CPU {cpu:.2f} s over {busy:.1f} s = "
+        f"{kind} {mode:>7} at {rate:>5.0f} ev/s: {floor.done} events, CPU {cpu:.2f} s over {busy:.1f} s = "
         f"{100 * cpu / busy:.1f}% of a core, {cpu / floor.done * 1e6:.0f} µs per event"
     )
 
@@ -234,13 +309,14 @@ def main() -> None:
     ap.add_argument("--rates", default="100,1000", help="appends per second, comma-separated")
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--modes", default="sync,asyncio,uvloop", help="sync, asyncio, uvloop (comma-separated)")
+    ap.add_argument("--outbox", default=None, help="postgresql://... (default: a fresh SQLite file)")
     args = ap.parse_args()
     for rate in (float(r) for r in args.rates.split(",")):
         for mode in args.modes.split(","):
             if mode == "uvloop" and importlib.util.find_spec("uvloop") is None:
                 print("uvloop: not installed (pip install uvloop), skipped")
                 continue
-            print(measure(mode, rate, args.seconds), flush=True)
+            print(measure(mode, rate, args.seconds, args.outbox), flush=True)
 
 
 if __name__ == "__main__":
