@@ -1,4 +1,4 @@
-"""The least CPU a relay can spend per event at a trickle on this machine: a minimal SQLite -> Redis relay.
+"""The least CPU a relay can spend per event at a trickle on this machine: a minimal outbox -> Redis relay.
 
     .venv/bin/python benchmarks/bench_trickle_floor.py [--rates 100,1000] [--seconds 15] [--modes sync,asyncio,uvloop]
         [--outbox postgresql://127.0.0.1/test]
