@@ -14,7 +14,10 @@ threads included) and, for a PostgreSQL on this host, that of the server
 backends serving the relay's connections (target <= 25 µs; from ``/proc``,
 found by the connections' ``application_name``), and of every ``postgres``
 process on the host (information: the WAL writer and checkpointer work for
-the relay too, but other clients of the server count there as well).
+the relay too, but other clients of the server count there as well). It also
+prints the WAL the server wrote per relayed event during the drain (from
+``pg_current_wal_lsn()``): unlike CPU, it does not move with the machine's hour
+(other writers to the same server count there too).
 
 Several relay processes on one PostgreSQL outbox: ``bench_postgres_relays.py``.
 ``--profile FILE`` writes a cProfile of the PostgreSQL drain. ``--attempts on`` turns
@@ -112,6 +115,22 @@ def drain(url: str, broker: str, count: int | None, profile: str | None = None) 
     return elapsed, got, backends
 
 
+def wal_lsn() -> str:
+    """The server's current WAL write position."""
+    with psycopg.connect(URL, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def wal_bytes(since: str) -> int:
+    """WAL bytes the server wrote since position ``since``."""
+    with psycopg.connect(URL, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", (since,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def pg_schema_url() -> tuple[str, str]:
     schema = f"bench_{uuid.uuid4().hex[:10]}"
     return schema, f"{URL}?schema={schema}&application_name=outrelay-bench-{schema}"
@@ -142,9 +161,9 @@ def compare(
         schema, pg = pg_schema_url()
         try:
             fill(pg, count, streams, size)
-            cpu, server = time.process_time(), server_cpu()
+            lsn, cpu, server = wal_lsn(), time.process_time(), server_cpu()
             pg_s, _, backends = drain(pg, f"pg{n}", count, profile)
-            pg_cpu, after = time.process_time() - cpu, server_cpu()
+            pg_cpu, after, wal = time.process_time() - cpu, server_cpu(), wal_bytes(lsn)
         finally:
             drop(schema)
         lite_rate, pg_rate = count / lite_s, count / pg_s
@@ -153,11 +172,12 @@ def compare(
         served = f", server backends {backends * us:.1f} (target <= 25)"
         if server is not None and after is not None:
             served += f", every postgres process {(after - server) * us:.1f}"
+        served += f" µs; PostgreSQL WAL per event {wal / count:.0f} bytes"
         print(
             f"SQLite     -> memory: {lite_rate:8,.0f} ev/s ({count} events, {streams} streams, {size} B, {lite_s:.1f}s)"
         )
         print(f"PostgreSQL -> memory: {pg_rate:8,.0f} ev/s ({pg_s:.1f}s)")
-        print(f"CPU per event: SQLite relay {lite_cpu * us:.1f} µs; PostgreSQL relay {pg_cpu * us:.1f}{served} µs")
+        print(f"CPU per event: SQLite relay {lite_cpu * us:.1f}; PostgreSQL relay {pg_cpu * us:.1f}{served}")
         print(f"ratio PostgreSQL/SQLite: {pg_rate / lite_rate:.2f} (target >= 0.8)")
     if rounds > 1:
         listed = ", ".join(f"{r:.2f}" for r in ratios)
