@@ -45,6 +45,10 @@ id (``XREVRANGE key + - COUNT 1``; ``0-0`` for an empty stream or with
 entry appended right after ``start`` returned is seen. Nothing is kept for
 a fan-out subscriber; ``ack`` does nothing.
 
+A ``receive`` still running when ``stop`` is called returns nothing (a group
+member's ends at its next step; what it read meanwhile is claimed by others),
+like a ``receive`` after ``stop``.
+
 An entry that is not an outrelay CloudEvent comes back as an
 :class:`~outrelay.core.contract.subscription.Inbound` with ``received=None`` and the
 reason; in a group it must still be acked.
