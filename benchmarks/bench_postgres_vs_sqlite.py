@@ -115,18 +115,10 @@ def drain(url: str, broker: str, count: int | None, profile: str | None = None) 
     return elapsed, got, backends
 
 
-def wal_lsn() -> str:
-    """The server's current WAL write position."""
+def wal_lsn() -> int:
+    """The server's current WAL write position, in bytes (two readings differ by the WAL written between)."""
     with psycopg.connect(URL, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-    assert row is not None
-    return str(row[0])
-
-
-def wal_bytes(since: str) -> int:
-    """WAL bytes the server wrote since position ``since``."""
-    with psycopg.connect(URL, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", (since,)).fetchone()
+        row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')").fetchone()
     assert row is not None
     return int(row[0])
 
@@ -163,7 +155,7 @@ def compare(
             fill(pg, count, streams, size)
             lsn, cpu, server = wal_lsn(), time.process_time(), server_cpu()
             pg_s, _, backends = drain(pg, f"pg{n}", count, profile)
-            pg_cpu, after, wal = time.process_time() - cpu, server_cpu(), wal_bytes(lsn)
+            pg_cpu, after, wal = time.process_time() - cpu, server_cpu(), wal_lsn() - lsn
         finally:
             drop(schema)
         lite_rate, pg_rate = count / lite_s, count / pg_s

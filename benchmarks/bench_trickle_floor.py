@@ -41,15 +41,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import ctypes.util
-import fcntl
 import importlib.util
 import os
 import select
 import socket
 import sqlite3
-import struct
 import subprocess
 import sys
 import tempfile
@@ -58,10 +54,11 @@ import uuid
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+# the commit watcher's own probes (the same system calls a relay needs), not copies of them
+from outrelay.core.stores.sqlite_watch import FAST_STEP, _foreign_writer, _inotify, _open_shm, data_version
+
 REDIS_URL = os.environ.get("OUTRELAY_REDIS_URL", "redis://127.0.0.1:6379/0")
-RECHECK = 0.001  # seconds between looks while another process holds the WAL write lock
-_FLOCK = "hhqqixxxx"  # struct flock on Linux
-_WAL_WRITE_LOCK = 120  # byte of the -shm file SQLite locks for the WAL writer
+RECHECK = FAST_STEP  # seconds between looks while another process holds the WAL write lock
 APPENDER = """
 import sqlite3, sys, time
 db = sqlite3.connect(sys.argv[1], isolation_level=None)
@@ -92,13 +89,15 @@ class Floor:
         self.key = key
         self.last = 0
         self.done = 0
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        self.fd = int(libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC))
-        if self.fd < 0 or libc.inotify_add_watch(self.fd, os.path.dirname(path).encode(), 0x2 | 0x100) < 0:
+        fd = _inotify(os.path.dirname(path))
+        if fd is None:
             raise SystemExit("bench_trickle_floor: inotify is not available here (Linux only)")
-
+        self.fd = fd
         self.db.execute("SELECT COUNT(*) FROM outbox").fetchone()  # opens the WAL's shared memory file
-        self.shm = os.open(path + "-shm", os.O_RDONLY)
+        shm = _open_shm(path)
+        if shm is None:
+            raise SystemExit(f"bench_trickle_floor: no shared memory file {path}-shm (not in WAL mode?)")
+        self.shm = shm
 
     def drain(self) -> bool:
         """Read the pending inotify events; True if there were any."""
@@ -110,39 +109,31 @@ class Floor:
             pass
         return seen
 
-    def writing(self) -> bool:
-        """Whether another process holds the WAL write lock (its commit is not visible yet)."""
-        probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, _WAL_WRITE_LOCK, 1, 0)
-        return bool(struct.unpack(_FLOCK, fcntl.fcntl(self.shm, fcntl.F_GETLK, probe))[0] != fcntl.F_UNLCK)
-
-    def version(self) -> int:
-        return int(self.db.execute("PRAGMA data_version").fetchone()[0])
-
     def ready(self) -> list[tuple[int, bytes]] | None:
         """After a notice: the rows after the last one relayed, or None while another process holds
         the WAL write lock (its commit is not visible yet: look again in ``RECHECK``)."""
         self.drain()
-        if self.writing():
+        if _foreign_writer(self.shm):
             return None
         return self.db.execute("SELECT seq, data FROM outbox WHERE seq > ?", (self.last,)).fetchall()
 
     def commands(self, rows: list[tuple[int, bytes]]) -> bytes:
         return b"".join(resp(b"XADD", self.key, b"*", b"data", data) for _, data in rows)
 
-    def close(self) -> None:
-        os.close(self.fd)
-        os.close(self.shm)
-        self.db.close()
-
     def settle(self, rows: list[tuple[int, bytes]]) -> bool:
         """Delete the relayed rows; True when the notices read after the commit may be another writer's."""
         self.last = rows[-1][0]
         self.db.execute("BEGIN IMMEDIATE")
         self.db.execute("DELETE FROM outbox WHERE seq <= ?", (self.last,))
-        before = self.version()
+        before = data_version(self.db)
         self.db.execute("COMMIT")
         self.done += len(rows)
-        return self.drain() and (self.writing() or self.version() != before)
+        return self.drain() and (_foreign_writer(self.shm) or data_version(self.db) != before)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.shm)
+        self.db.close()
 
 
 PG_APPENDER = """
